@@ -1,0 +1,311 @@
+# shellcheck shell=bash
+# Shared by deploy/local/{install,up,ctl,test}: where things live, which port each component
+# uses, and how a component is started, probed, stopped and killed. Sourced, never executed.
+#
+# Every server binds 127.0.0.1. Logs, pids and data live under one run dir ($ZLINK_RUN);
+# downloads live in a cache outside the clone ($ZLINK_CACHE) so a second run is fast.
+
+set -euo pipefail
+
+ZLINK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+ZLINK_CACHE="${ZLINK_CACHE:-$HOME/.cache/zlink}"
+ZLINK_RUN="${ZLINK_RUN:-$ZLINK_ROOT/.zlink/local}"
+# Every port is ZLINK_PORT_BASE + a fixed offset (see zl_port). SeaweedFS also opens each
+# gRPC port at +10000, so two topologies need bases at least 1000 apart and not 10000 apart.
+ZLINK_PORT_BASE="${ZLINK_PORT_BASE:-21000}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ZLINK_CACHE/target}"
+
+CASSANDRA_VERSION=5.0.9
+KAFKA_VERSION=4.2.1
+SEAWEEDFS_VERSION=4.48
+CASSANDRA_LIB="$ZLINK_CACHE/cassandra-$CASSANDRA_VERSION/lib"
+KAFKA_LIB="$ZLINK_CACHE/kafka-$KAFKA_VERSION/lib"
+WEED="$ZLINK_CACHE/seaweedfs-$SEAWEEDFS_VERSION/bin/weed"
+# The fixed cluster id Kafka's log dir is formatted with (base64 of 16 bytes).
+KAFKA_CLUSTER_ID="emxpbmstbG9jYWwtMDAwMQ"
+# Topics and their partition counts: the one place they are set.
+KAFKA_TOPICS="links:6 clicks:6 links-dlq:1"
+S3_BUCKET="${ZLINK_S3_BUCKET:-links}"
+# S3 credentials of the services' identity (local only; never used outside 127.0.0.1).
+S3_ACCESS_KEY="zlink-local"
+S3_SECRET_KEY="zlink-local-secret-not-for-production"
+PRIMARY_COUNT=2
+
+# Components in start order; `down` stops them in reverse.
+zl_components() {
+  echo cassandra kafka s3 memcached
+  local i
+  for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
+}
+
+zl_port() {
+  local off
+  case "$1" in
+    cql) off=42 ;;
+    cassandra-storage) off=70 ;;
+    kafka) off=92 ;;
+    kafka-controller) off=93 ;;
+    s3) off=33 ;;
+    weed-master) off=133 ;;
+    weed-volume) off=134 ;;
+    weed-filer) off=135 ;;
+    weed-admin) off=136 ;;
+    weed-metrics) off=137 ;;
+    memcached) off=11 ;;
+    primary-*) off=$((80 + ${1#primary-})) ;;
+    *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
+  esac
+  echo $((ZLINK_PORT_BASE + off))
+}
+
+zl_log() { printf '%s zlink: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+zl_die() { zl_log "ERROR: $*"; exit 1; }
+
+zl_pidfile() { echo "$ZLINK_RUN/pids/$1.pid"; }
+zl_logfile() { echo "$ZLINK_RUN/logs/$1.log"; }
+
+# Prints the PID of a running component, or fails.
+zl_pid() {
+  local f pid
+  f="$(zl_pidfile "$1")"
+  [[ -f "$f" ]] || return 1
+  pid="$(cat "$f")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+# Starts a command as its own session (so stop/kill reach its whole process group),
+# stdout/stderr appended to the component log, PID recorded.
+zl_spawn() {
+  local name="$1"; shift
+  mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
+  printf '\n=== %s start: %s\n' "$(date -Is)" "$*" >>"$(zl_logfile "$name")"
+  setsid "$@" >>"$(zl_logfile "$name")" 2>&1 </dev/null &
+  echo $! >"$(zl_pidfile "$name")"
+}
+
+# Polls until "$@" succeeds or the deadline passes. No fixed sleeps: 0.2 s between probes.
+zl_wait_for() {
+  local what="$1" timeout="$2"; shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      zl_log "$what not ready after ${timeout}s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+zl_probe() { python3 "$ZLINK_ROOT/deploy/local/probe.py" "$@"; }
+
+# ---------------------------------------------------------------- cassandra
+zl_start_cassandra() {
+  local dir="$ZLINK_RUN/cassandra"
+  mkdir -p "$dir"/{data,commitlog,saved_caches,hints,cdc_raw}
+  sed -e "s|@DIR@|$dir|g" -e "s|@CQL_PORT@|$(zl_port cql)|g" \
+    -e "s|@STORAGE_PORT@|$(zl_port cassandra-storage)|g" \
+    "$ZLINK_ROOT/deploy/local/conf/cassandra.yaml.tmpl" >"$dir/cassandra.yaml"
+  local jvm_opts
+  mapfile -t jvm_opts < <(grep -v -e '^#' -e '^$' "$ZLINK_ROOT/deploy/local/conf/cassandra-jvm17.options")
+  zl_spawn cassandra java -Xms1g -Xmx1g -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
+    -Dcassandra.config="file://$dir/cassandra.yaml" \
+    -Dcassandra.storagedir="$dir" \
+    -Dcassandra.logdir="$ZLINK_RUN/logs" \
+    -Dlogback.configurationFile="$ZLINK_ROOT/deploy/local/conf/cassandra-logback.xml" \
+    -Dcassandra-foreground=yes \
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 \
+    -Dcassandra.ring_delay_ms=0 \
+    -Dcassandra.superuser_setup_delay_ms=0 \
+    -Djava.net.preferIPv4Stack=true \
+    -cp "$CASSANDRA_LIB/*" org.apache.cassandra.service.CassandraDaemon
+}
+zl_ready_cassandra() { zl_probe cql 127.0.0.1 "$(zl_port cql)"; }
+ZL_TIMEOUT_cassandra=240
+
+# ---------------------------------------------------------------- kafka
+zl_kafka_java() {
+  java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
+    -cp "$KAFKA_LIB/*" "$@"
+}
+zl_start_kafka() {
+  local dir="$ZLINK_RUN/kafka"
+  mkdir -p "$dir"
+  cat >"$dir/server.properties" <<EOF
+# Single combined broker+controller node in KRaft mode, loopback only.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$(zl_port kafka-controller)
+listeners=PLAINTEXT://127.0.0.1:$(zl_port kafka),CONTROLLER://127.0.0.1:$(zl_port kafka-controller)
+advertised.listeners=PLAINTEXT://127.0.0.1:$(zl_port kafka)
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=6
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.hours=168
+EOF
+  if [[ ! -f "$dir/data/meta.properties" ]]; then
+    zl_kafka_java kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" \
+      -c "$dir/server.properties" >>"$(zl_logfile kafka)" 2>&1 ||
+      zl_die "formatting the Kafka log dir failed; see $(zl_logfile kafka)"
+  fi
+  zl_spawn kafka java -Xms256m -Xmx512m -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
+    -Dkafka.logs.dir="$ZLINK_RUN/logs" \
+    -cp "$KAFKA_LIB/*" kafka.Kafka "$dir/server.properties"
+}
+zl_ready_kafka() {
+  zl_probe kafka 127.0.0.1 "$(zl_port kafka)" || return 1
+  # Topics exist (created once, idempotently) = ready for producers and consumers.
+  [[ -f "$ZLINK_RUN/kafka/topics.ok" ]] && return 0
+  zl_kafka_topics && touch "$ZLINK_RUN/kafka/topics.ok"
+}
+zl_kafka_topics() {
+  local t
+  for t in $KAFKA_TOPICS; do
+    zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$(zl_port kafka)" \
+      --create --if-not-exists --topic "${t%%:*}" --partitions "${t##*:}" --replication-factor 1 \
+      >>"$(zl_logfile kafka)" 2>&1 || return 1
+  done
+}
+ZL_TIMEOUT_kafka=120
+
+# ---------------------------------------------------------------- s3 (SeaweedFS)
+zl_start_s3() {
+  local dir="$ZLINK_RUN/s3"
+  mkdir -p "$dir/data"
+  cat >"$dir/s3.json" <<EOF
+{
+  "identities": [
+    {"name": "zlink", "credentials": [{"accessKey": "$S3_ACCESS_KEY", "secretKey": "$S3_SECRET_KEY"}],
+     "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+    {"name": "anonymous", "actions": ["Read:$S3_BUCKET"]}
+  ]
+}
+EOF
+  # `weed mini` saves its flags to DATA/mini.options and reloads them; absolute paths only.
+  zl_spawn s3 "$WEED" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -s3.port="$(zl_port s3)" -master.port="$(zl_port weed-master)" \
+    -volume.port="$(zl_port weed-volume)" -filer.port="$(zl_port weed-filer)" \
+    -admin.port="$(zl_port weed-admin)" -metricsPort="$(zl_port weed-metrics)" \
+    -s3.config="$dir/s3.json" -bucket="$S3_BUCKET" -master.telemetry=false \
+    -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0
+}
+# Ready = an unsigned GET of a missing key in the bucket answers 404 (an open port is not ready).
+zl_ready_s3() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 \
+    "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe")" == 404 ]]
+}
+ZL_TIMEOUT_s3=60
+
+# ---------------------------------------------------------------- memcached
+zl_start_memcached() {
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(-u root)
+  zl_spawn memcached memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached)" -U 0 -m 256 -c 4096 -t 2
+}
+zl_ready_memcached() { zl_probe memcached 127.0.0.1 "$(zl_port memcached)"; }
+ZL_TIMEOUT_memcached=10
+
+# ---------------------------------------------------------------- primary
+zl_bin() { echo "$CARGO_TARGET_DIR/release/$1"; }
+zl_primary_env() {
+  export ZLINK_CQL_NODES="127.0.0.1:$(zl_port cql)"
+  export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
+  export ZLINK_MEMCACHED="127.0.0.1:$(zl_port memcached)"
+}
+zl_start_primary() {
+  local name="$1" n="${1#primary-}"
+  zl_primary_env
+  mkdir -p "$ZLINK_RUN/$name"
+  zl_spawn "$name" env RUST_LOG="${RUST_LOG:-info}" "$(zl_bin primary)" serve \
+    --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
+    --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
+  : "$n"
+}
+zl_ready_primary() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
+ZL_TIMEOUT_primary=60
+
+# ---------------------------------------------------------------- generic control
+zl_kind() { case "$1" in primary-*) echo primary ;; *) echo "$1" ;; esac; }
+
+zl_known() {
+  local c
+  for c in $(zl_components); do [[ "$c" == "$1" ]] && return 0; done
+  zl_die "unknown component '$1' (known: $(zl_components | tr '\n' ' '))"
+}
+
+zl_is_ready() {
+  local kind; kind="$(zl_kind "$1")"
+  if [[ "$kind" == primary ]]; then zl_ready_primary "$1"; else "zl_ready_$kind"; fi
+}
+
+# Starts a component unless it is already running. Does not wait.
+zl_start() {
+  local name="$1" kind
+  kind="$(zl_kind "$name")"
+  if zl_pid "$name" >/dev/null; then return 0; fi
+  if [[ "$kind" == primary ]]; then zl_start_primary "$name"; else "zl_start_$kind"; fi
+}
+
+zl_wait_ready() {
+  local name="$1" kind timeout pid
+  kind="$(zl_kind "$name")"
+  timeout="ZL_TIMEOUT_$kind"
+  local deadline=$((SECONDS + ${!timeout}))
+  until zl_is_ready "$name" >/dev/null 2>&1; do
+    if ! pid="$(zl_pid "$name")"; then
+      zl_log "$name exited while starting; last lines of $(zl_logfile "$name"):"
+      tail -n 30 "$(zl_logfile "$name")" >&2 || true
+      return 1
+    fi
+    if ((SECONDS >= deadline)); then
+      zl_log "$name (pid $pid) not ready after ${!timeout}s; see $(zl_logfile "$name")"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# Graceful stop: SIGTERM to the process group, wait for exit, SIGKILL after the grace period.
+zl_stop() {
+  local name="$1" grace="${2:-30}" pid
+  pid="$(zl_pid "$name")" || { rm -f "$(zl_pidfile "$name")"; return 0; }
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  local deadline=$((SECONDS + grace))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      zl_log "$name did not stop within ${grace}s; sending SIGKILL"
+      kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    sleep 0.1
+  done
+  rm -f "$(zl_pidfile "$name")"
+}
+
+# SIGKILL, no grace: what a crash looks like. Waits until the process is gone.
+zl_kill() {
+  local name="$1" pid
+  pid="$(zl_pid "$name")" || return 0
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$(zl_pidfile "$name")"
+}
+
+zl_status_line() {
+  local name="$1" pid state
+  if pid="$(zl_pid "$name")"; then
+    if zl_is_ready "$name" >/dev/null 2>&1; then state=ready; else state=starting; fi
+  else
+    pid=-; state=stopped
+  fi
+  printf '%-14s %-9s pid=%-8s log=%s\n' "$name" "$state" "$pid" "$(zl_logfile "$name")"
+}
