@@ -1,1 +1,13 @@
-pub fn _x(){}
+//! Formats that cross zlink process boundaries; every tier agrees on these.
+//!
+//! - [`slug`]: slug rules (auto vs custom, reserved words) and the keyed auto-slug codec.
+//! - [`longurl`]: validation and normalisation of destination URLs.
+//! - [`link`]: the link state machine and the allowed redirect codes.
+//! - [`events`]: `links` and `clicks` Kafka event schemas.
+
+pub mod events;
+pub mod link;
+pub mod longurl;
+pub mod slug;
+
+pub use link::LinkStatus;

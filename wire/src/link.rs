@@ -1,0 +1,87 @@
+//! The link state machine and redirect codes, shared by every tier.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Lifecycle of a link: ACTIVE ↔ DISABLED (owner or admin), ACTIVE → EXPIRED (the clock).
+/// EXPIRED is final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum LinkStatus {
+    Active,
+    Disabled,
+    Expired,
+}
+
+impl LinkStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkStatus::Active => "ACTIVE",
+            LinkStatus::Disabled => "DISABLED",
+            LinkStatus::Expired => "EXPIRED",
+        }
+    }
+
+    /// Invariant 4: the only transitions that exist. Staying in the same state is not a transition.
+    pub fn can_become(self, to: LinkStatus) -> bool {
+        matches!(
+            (self, to),
+            (LinkStatus::Active, LinkStatus::Disabled)
+                | (LinkStatus::Disabled, LinkStatus::Active)
+                | (LinkStatus::Active, LinkStatus::Expired)
+        )
+    }
+}
+
+impl fmt::Display for LinkStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LinkStatus {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "ACTIVE" => Ok(LinkStatus::Active),
+            "DISABLED" => Ok(LinkStatus::Disabled),
+            "EXPIRED" => Ok(LinkStatus::Expired),
+            _ => Err(()),
+        }
+    }
+}
+
+/// HTTP status codes a redirect may use.
+pub const REDIRECT_CODES: [u16; 4] = [301, 302, 307, 308];
+
+pub fn is_redirect_code(code: u16) -> bool {
+    REDIRECT_CODES.contains(&code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkStatus::*;
+
+    #[test]
+    fn only_the_specified_transitions_are_allowed() {
+        let all = [Active, Disabled, Expired];
+        let allowed: Vec<_> = all
+            .iter()
+            .flat_map(|&a| all.iter().map(move |&b| (a, b)))
+            .filter(|&(a, b)| a.can_become(b))
+            .collect();
+        assert_eq!(
+            allowed,
+            vec![(Active, Disabled), (Active, Expired), (Disabled, Active)]
+        );
+    }
+
+    #[test]
+    fn status_round_trips_through_text() {
+        for s in [Active, Disabled, Expired] {
+            assert_eq!(s.as_str().parse::<super::LinkStatus>(), Ok(s));
+        }
+        assert!("active".parse::<super::LinkStatus>().is_err());
+    }
+}
