@@ -1,1 +1,47 @@
-pub fn _x() {}
+//! zlink primary: creates links and serves redirects from ScyllaDB with memcached in front.
+//!
+//! - [`config`]: typed flags/env config, validated at start; secrets never print.
+//! - [`app`]: the state every handler shares, built once.
+//! - [`http`]: route table, middleware (deadline + request metrics), accept loop, graceful drain.
+//! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
+//! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
+//! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
+//! - [`memcache`]: small async memcached client with hard timeouts and backoff.
+//! - [`store`]: every CQL statement, LWTs, schema migration.
+//! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
+//! - [`auth`]: API keys (hashed at rest) and bearer authentication.
+//! - [`events`]: the seam where link and click events leave the process.
+//! - [`metrics`]: Prometheus metrics, one registry, typed handles.
+//! - [`error`]: API errors and their single mapping to status + JSON.
+//! - [`clock`]: time as a dependency.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod cache;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod http;
+pub mod ids;
+pub mod memcache;
+pub mod metrics;
+pub mod redirect;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Serves on an already-bound listener until `shutdown` is cancelled, then drains in-flight
+/// requests for at most `grace`. Tests call this with port 0 listeners.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<app::AppState>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    http::serve(listener, state, shutdown, grace).await
+}

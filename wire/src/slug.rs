@@ -127,7 +127,7 @@ const ROUNDS: u8 = 6;
 
 impl Permutation {
     pub fn new(key: &[u8], half_bits: u32, domain: u64) -> Self {
-        assert!(half_bits >= 1 && half_bits <= 31, "half_bits out of range");
+        assert!((1..=31).contains(&half_bits), "half_bits out of range");
         assert!(
             domain >= 1 && domain <= 1u64 << (2 * half_bits),
             "domain exceeds the Feistel space"

@@ -1,0 +1,396 @@
+//! The link API: create, read metadata, change status.
+
+use crate::app::AppState;
+use crate::error::{json_response, ApiError};
+use crate::http::Resp;
+use crate::store::Link;
+use chrono::{DateTime, SecondsFormat, Utc};
+use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
+use zlink_wire::{link, longurl, slug, LinkStatus};
+
+/// Links may not expire further out than this (CQL timestamps and sanity).
+const MAX_EXPIRY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateRequest {
+    url: String,
+    slug: Option<String>,
+    expires_at: Option<String>,
+    redirect_code: Option<u16>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchRequest {
+    status: String,
+}
+
+/// The status a reader sees: a link past its expiry is EXPIRED whatever the row says.
+pub fn effective_status(status: LinkStatus, expires_at_ms: Option<i64>, now_ms: i64) -> LinkStatus {
+    match expires_at_ms {
+        Some(exp) if exp <= now_ms => LinkStatus::Expired,
+        _ => status,
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
+    serde_json::json!({
+        "slug": l.slug,
+        "short_url": format!("{}/{}", state.settings.public_base_url, l.slug),
+        "url": l.url,
+        "status": effective_status(l.status, l.expires_at_ms, now_ms),
+        "created_at": rfc3339(l.created_at_ms),
+        "expires_at": l.expires_at_ms.map(rfc3339),
+        "redirect_code": l.redirect_code,
+        "owner": l.owner,
+        "version": l.version,
+    })
+}
+
+fn event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
+    LinkEvent {
+        schema: LINK_EVENT_SCHEMA,
+        kind,
+        slug: l.slug.clone(),
+        url: l.url.clone(),
+        status: l.status,
+        version: l.version,
+        redirect_code: l.redirect_code,
+        created_at_ms: l.created_at_ms,
+        expires_at_ms: l.expires_at_ms,
+        at_ms: now_ms,
+    }
+}
+
+/// Reads a JSON body: Content-Type checked, size capped while reading, unknown fields refused.
+async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Result<T, ApiError> {
+    let is_json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(ApiError::PayloadTooLarge(max));
+    }
+    let bytes = match Limited::new(req.into_body(), max).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::PayloadTooLarge(max))
+        }
+        Err(_) => {
+            return Err(ApiError::BadRequest(
+                "could not read the request body".into(),
+            ))
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => ApiError::Invalid("invalid_request", e.to_string()),
+        _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    match v.to_str() {
+        Ok(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
+            Ok(Some(k.to_string()))
+        }
+        _ => Err(ApiError::Invalid(
+            "invalid_idempotency_key",
+            "Idempotency-Key must be 1-255 visible ASCII characters".into(),
+        )),
+    }
+}
+
+fn sha256_hex(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let invalid = |m: &str| ApiError::Invalid("invalid_expires_at", m.to_string());
+    let t = DateTime::parse_from_rfc3339(raw)
+        .map_err(|_| invalid("expires_at must be an RFC 3339 timestamp"))?;
+    let ms = t.timestamp_millis();
+    if ms <= now_ms {
+        return Err(invalid("expires_at must be in the future"));
+    }
+    if ms - now_ms > MAX_EXPIRY_MS {
+        return Err(invalid("expires_at must be within 100 years"));
+    }
+    Ok(Some(ms))
+}
+
+/// `POST /api/v1/links`
+pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    let principal = state
+        .auth
+        .authenticate(req.headers().get(header::AUTHORIZATION))
+        .await?;
+    let idem_key = idempotency_key(req.headers())?;
+    let body: CreateRequest = read_json(req, state.settings.max_body_bytes).await?;
+    let now = state.clock.now_ms();
+
+    let url = longurl::normalize(&body.url)
+        .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
+    if let Some(s) = &body.slug {
+        slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
+    }
+    let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
+    let redirect_code = body.redirect_code.unwrap_or(state.settings.redirect_code);
+    if !link::is_redirect_code(redirect_code) {
+        return Err(ApiError::Invalid(
+            "invalid_redirect_code",
+            "redirect_code must be 301, 302, 307 or 308".into(),
+        ));
+    }
+
+    let mut slug = match &body.slug {
+        Some(s) => s.clone(),
+        None => {
+            let id = state.ids.next_id().await?;
+            state
+                .codec
+                .encode(id)
+                .map_err(|e| ApiError::Internal(e.to_string()))?
+        }
+    };
+    // Every retry with the same key converges on the slug the first attempt claimed.
+    let idem = match &idem_key {
+        Some(key) => {
+            let fingerprint = sha256_hex(&[
+                &url,
+                body.slug.as_deref().unwrap_or(""),
+                &expires_at_ms.map(|e| e.to_string()).unwrap_or_default(),
+                &redirect_code.to_string(),
+            ]);
+            if let Some((won_slug, won_fp)) = state
+                .store
+                .claim_idempotency(&principal.owner, key, &slug, &fingerprint, now)
+                .await?
+            {
+                if won_fp != fingerprint {
+                    return Err(ApiError::Invalid(
+                        "idempotency_key_reused",
+                        "this Idempotency-Key was used with a different request".into(),
+                    ));
+                }
+                slug = won_slug;
+            }
+            Some(sha256_hex(&[&principal.owner, key]))
+        }
+        None => None,
+    };
+
+    let new = Link {
+        slug,
+        url,
+        owner: principal.owner.clone(),
+        status: LinkStatus::Active,
+        redirect_code,
+        created_at_ms: now,
+        expires_at_ms,
+        version: 1,
+        idem: idem.clone(),
+    };
+    if state.store.insert_link_if_absent(&new).await? {
+        state.cache.forget_local(&new.slug).await;
+        state
+            .events
+            .link_changed(event(LinkEventKind::Created, &new, now));
+        tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
+        return Ok(json_response(
+            StatusCode::CREATED,
+            &link_json(state, &new, now),
+        ));
+    }
+    // The slug exists: either an earlier attempt of this same idempotent request, or taken.
+    let existing = state
+        .store
+        .get_link_serial(&new.slug)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug)))?;
+    if idem.is_some() && existing.idem == idem {
+        let mut resp = json_response(StatusCode::CREATED, &link_json(state, &existing, now));
+        resp.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+        return Ok(resp);
+    }
+    if body.slug.is_some() {
+        return Err(ApiError::Conflict(
+            "slug_taken",
+            "this slug is already taken".into(),
+        ));
+    }
+    // Auto slugs cannot collide unless the slug key changed under existing links.
+    Err(ApiError::Internal(format!(
+        "auto slug {:?} already exists; was ZLINK_SLUG_KEY changed?",
+        new.slug
+    )))
+}
+
+async fn load_managed(
+    state: &AppState,
+    headers: &HeaderMap,
+    slug: &str,
+    serial: bool,
+) -> Result<Link, ApiError> {
+    let principal = state
+        .auth
+        .authenticate(headers.get(header::AUTHORIZATION))
+        .await?;
+    if !slug::is_valid_slug(slug) {
+        return Err(ApiError::NotFound);
+    }
+    let link = if serial {
+        state.store.get_link_serial(slug).await?
+    } else {
+        state.store.get_link(slug).await?
+    };
+    let link = link.ok_or(ApiError::NotFound)?;
+    if !principal.may_manage(&link.owner) {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(link)
+}
+
+/// `GET /api/v1/links/{slug}`
+pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
+    let link = load_managed(state, req.headers(), slug, false).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &link_json(state, &link, state.clock.now_ms()),
+    ))
+}
+
+/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`
+pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
+    // Authenticate before reading the body.
+    state
+        .auth
+        .authenticate(req.headers().get(header::AUTHORIZATION))
+        .await?;
+    let headers = req.headers().clone();
+    let body: PatchRequest = read_json(req, state.settings.max_body_bytes).await?;
+    let to = match body.status.parse::<LinkStatus>() {
+        Ok(LinkStatus::Expired) => {
+            return Err(ApiError::Invalid(
+                "invalid_status",
+                "EXPIRED is set by the expiry scheduler, not the API".into(),
+            ))
+        }
+        Ok(s) => s,
+        Err(()) => {
+            return Err(ApiError::Invalid(
+                "invalid_status",
+                "status must be ACTIVE or DISABLED".into(),
+            ))
+        }
+    };
+    // A linearizable read, so the compare-and-set below starts from the latest version.
+    let link = load_managed(state, &headers, slug, true).await?;
+    let now = state.clock.now_ms();
+    let current = effective_status(link.status, link.expires_at_ms, now);
+    if !current.can_become(to) {
+        return Err(ApiError::Conflict(
+            "invalid_transition",
+            format!("a {current} link cannot become {to}"),
+        ));
+    }
+    if !state
+        .store
+        .transition(&link.slug, link.status, link.version, to)
+        .await?
+    {
+        return Err(ApiError::Conflict(
+            "concurrent_update",
+            "the link changed while this request was applied; read it and retry".into(),
+        ));
+    }
+    let updated = Link {
+        status: to,
+        version: link.version + 1,
+        ..link
+    };
+    state.cache.invalidate(&updated.slug).await;
+    let kind = if to == LinkStatus::Disabled {
+        LinkEventKind::Disabled
+    } else {
+        LinkEventKind::Enabled
+    };
+    state.events.link_changed(event(kind, &updated, now));
+    tracing::info!(slug = %updated.slug, status = %to, version = updated.version, "link status changed");
+    Ok(json_response(
+        StatusCode::OK,
+        &link_json(state, &updated, now),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_status_applies_expiry() {
+        assert_eq!(
+            effective_status(LinkStatus::Active, None, 10),
+            LinkStatus::Active
+        );
+        assert_eq!(
+            effective_status(LinkStatus::Active, Some(11), 10),
+            LinkStatus::Active
+        );
+        assert_eq!(
+            effective_status(LinkStatus::Active, Some(10), 10),
+            LinkStatus::Expired
+        );
+        assert_eq!(
+            effective_status(LinkStatus::Disabled, Some(5), 10),
+            LinkStatus::Expired
+        );
+    }
+
+    #[test]
+    fn expiry_must_be_future_rfc3339() {
+        let now = 1_700_000_000_000;
+        assert!(parse_expiry(Some("2023-11-14T22:13:21Z"), now).is_ok());
+        assert!(parse_expiry(Some("2023-11-14T22:13:19Z"), now).is_err());
+        assert!(parse_expiry(Some("tomorrow"), now).is_err());
+        assert!(parse_expiry(Some("3023-01-01T00:00:00Z"), now).is_err());
+        assert_eq!(parse_expiry(None, now).unwrap(), None);
+    }
+
+    #[test]
+    fn fingerprint_parts_cannot_be_shifted() {
+        assert_ne!(sha256_hex(&["ab", "c"]), sha256_hex(&["a", "bc"]));
+    }
+}

@@ -1,0 +1,91 @@
+//! Everything a request handler needs, built once at start.
+
+use crate::auth::Authenticator;
+use crate::cache::{CacheSettings, RedirectCache};
+use crate::clock::Clock;
+use crate::config::ServeConfig;
+use crate::events::EventSink;
+use crate::ids::IdAllocator;
+use crate::memcache::Memcache;
+use crate::metrics::Metrics;
+use crate::store::Store;
+use http::HeaderValue;
+use std::sync::Arc;
+use std::time::Duration;
+use zlink_wire::slug::SlugCodec;
+
+/// Request-time settings derived from the validated config.
+pub struct Settings {
+    pub instance: String,
+    pub public_base_url: String,
+    pub redirect_code: u16,
+    pub cache_control: HeaderValue,
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub ip_hash_salt: String,
+}
+
+pub struct AppState {
+    pub settings: Settings,
+    pub store: Arc<Store>,
+    pub cache: RedirectCache,
+    pub ids: IdAllocator,
+    pub codec: SlugCodec,
+    pub auth: Authenticator,
+    pub events: Arc<dyn EventSink>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl AppState {
+    /// `cfg` must have passed [`ServeConfig::validate`].
+    pub fn new(
+        cfg: &ServeConfig,
+        store: Arc<Store>,
+        events: Arc<dyn EventSink>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Self>, String> {
+        let memcached = cfg.memcached_addr().map(|addr| {
+            Arc::new(Memcache::new(
+                addr,
+                cfg.memcached_pool,
+                Duration::from_millis(cfg.memcached_timeout_ms),
+                Duration::from_millis(cfg.memcached_backoff_ms),
+            ))
+        });
+        let cache = RedirectCache::new(
+            CacheSettings {
+                local_bytes: cfg.local_cache_bytes,
+                found_ttl: Duration::from_millis(cfg.local_cache_ttl_ms),
+                missing_ttl: Duration::from_millis(cfg.negative_cache_ttl_ms),
+                memcached_ttl_s: cfg.memcached_ttl_s,
+                memcached_prefix: format!("zl:{}:", cfg.store.keyspace),
+            },
+            memcached,
+            store.clone(),
+            metrics.clone(),
+        );
+        let settings = Settings {
+            instance: cfg.instance.clone(),
+            public_base_url: cfg.public_base_url.clone(),
+            redirect_code: cfg.redirect_code,
+            cache_control: HeaderValue::from_str(&cfg.redirect_cache_control)
+                .map_err(|e| e.to_string())?,
+            max_body_bytes: cfg.max_body_bytes,
+            request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            ip_hash_salt: cfg.ip_hash_salt.0.clone(),
+        };
+        Ok(Arc::new(AppState {
+            settings,
+            ids: IdAllocator::new(store.clone(), cfg.id_block_size),
+            codec: SlugCodec::new(cfg.slug_key.0.as_bytes()),
+            auth: Authenticator::new(store.clone()),
+            cache,
+            store,
+            events,
+            metrics,
+            clock,
+        }))
+    }
+}

@@ -1,0 +1,213 @@
+//! Redirect lookup: in-process cache → memcached → ScyllaDB.
+//!
+//! The in-process cache (moka) is bounded by bytes and expires found links after a short TTL and
+//! missing slugs after an even shorter one (negative caching). Concurrent misses for one slug
+//! share one load (`or_try_insert_with` coalesces), so a cold slug costs one memcached lookup and
+//! at most one store read per instance, however many requests arrive at once. memcached
+//! failures are counted and skipped, never returned: the store answers instead.
+
+use crate::memcache::Memcache;
+use crate::metrics::Metrics;
+use crate::store::{Link, Store, StoreError};
+use moka::future::Cache;
+use moka::Expiry;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use zlink_wire::LinkStatus;
+
+/// What a redirect needs to know about a link; also the memcached value (JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedLink {
+    pub url: String,
+    pub status: LinkStatus,
+    pub code: u16,
+    /// Unix milliseconds.
+    pub exp: Option<i64>,
+    pub ver: i64,
+}
+
+impl From<&Link> for CachedLink {
+    fn from(l: &Link) -> Self {
+        CachedLink {
+            url: l.url.clone(),
+            status: l.status,
+            code: l.redirect_code,
+            exp: l.expires_at_ms,
+            ver: l.version,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    Found(Arc<CachedLink>),
+    Missing,
+}
+
+struct TtlByKind {
+    found: Duration,
+    missing: Duration,
+}
+
+impl Expiry<String, Lookup> for TtlByKind {
+    fn expire_after_create(&self, _: &String, value: &Lookup, _: Instant) -> Option<Duration> {
+        Some(match value {
+            Lookup::Found(_) => self.found,
+            Lookup::Missing => self.missing,
+        })
+    }
+}
+
+pub struct CacheSettings {
+    pub local_bytes: u64,
+    pub found_ttl: Duration,
+    pub missing_ttl: Duration,
+    pub memcached_ttl_s: u32,
+    /// Prefix of every memcached key, so deployments (and test keyspaces) sharing a memcached
+    /// never see each other's entries.
+    pub memcached_prefix: String,
+}
+
+pub struct RedirectCache {
+    local: Cache<String, Lookup>,
+    memcached: Option<Arc<Memcache>>,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    settings: CacheSettings,
+}
+
+impl RedirectCache {
+    pub fn new(
+        settings: CacheSettings,
+        memcached: Option<Arc<Memcache>>,
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let local = Cache::builder()
+            .max_capacity(settings.local_bytes)
+            .weigher(|k: &String, v: &Lookup| {
+                let v_len = match v {
+                    Lookup::Found(l) => l.url.len(),
+                    Lookup::Missing => 0,
+                };
+                u32::try_from(k.len() + v_len + 96).unwrap_or(u32::MAX)
+            })
+            .expire_after(TtlByKind {
+                found: settings.found_ttl,
+                missing: settings.missing_ttl,
+            })
+            .build();
+        Self {
+            local,
+            memcached,
+            store,
+            metrics,
+            settings,
+        }
+    }
+
+    fn mc_key(&self, slug: &str) -> String {
+        format!("{}{slug}", self.settings.memcached_prefix)
+    }
+
+    /// Resolves a (syntactically valid) slug. Errors only when the store itself failed.
+    pub async fn resolve(&self, slug: &str) -> Result<Lookup, StoreError> {
+        let entry = self
+            .local
+            .entry_by_ref(slug)
+            .or_try_insert_with(self.load(slug))
+            .await;
+        match entry {
+            Ok(e) => {
+                if !e.is_fresh() {
+                    self.metrics.lookups.with_label_values(&["local"]).inc();
+                }
+                Ok(e.into_value())
+            }
+            Err(shared) => Err((*shared).clone()),
+        }
+    }
+
+    async fn load(&self, slug: &str) -> Result<Lookup, StoreError> {
+        if let Some(mc) = &self.memcached {
+            match mc.get(&self.mc_key(slug)).await {
+                Ok(Some(bytes)) => match serde_json::from_slice::<CachedLink>(&bytes) {
+                    Ok(link) => {
+                        self.metrics.lookups.with_label_values(&["memcached"]).inc();
+                        return Ok(Lookup::Found(Arc::new(link)));
+                    }
+                    Err(_) => self
+                        .metrics
+                        .memcached_errors
+                        .with_label_values(&["decode"])
+                        .inc(),
+                },
+                Ok(None) => {}
+                Err(e) => self
+                    .metrics
+                    .memcached_errors
+                    .with_label_values(&[e.kind()])
+                    .inc(),
+            }
+        }
+        self.metrics.store_reads.inc();
+        let link = self.store.get_link(slug).await.inspect_err(|_| {
+            self.metrics
+                .store_errors
+                .with_label_values(&["get_link"])
+                .inc();
+        })?;
+        self.metrics.lookups.with_label_values(&["store"]).inc();
+        match link {
+            Some(link) => {
+                let cached = Arc::new(CachedLink::from(&link));
+                self.fill_memcached(slug, &cached);
+                Ok(Lookup::Found(cached))
+            }
+            // Missing slugs are cached only in-process: a memcached entry would outlive a create.
+            None => Ok(Lookup::Missing),
+        }
+    }
+
+    /// Writes back to memcached in the background; the redirect never waits for it.
+    fn fill_memcached(&self, slug: &str, link: &CachedLink) {
+        let Some(mc) = self.memcached.clone() else {
+            return;
+        };
+        let Ok(bytes) = serde_json::to_vec(link) else {
+            return;
+        };
+        let (key, ttl, metrics) = (
+            self.mc_key(slug),
+            self.settings.memcached_ttl_s,
+            self.metrics.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = mc.set(&key, &bytes, ttl).await {
+                metrics
+                    .memcached_errors
+                    .with_label_values(&[e.kind()])
+                    .inc();
+            }
+        });
+    }
+
+    /// Forgets a slug in this instance only (a create: memcached never holds "missing").
+    pub async fn forget_local(&self, slug: &str) {
+        self.local.invalidate(slug).await;
+    }
+
+    /// Forgets a slug in this instance and in memcached (after a create or a status change).
+    pub async fn invalidate(&self, slug: &str) {
+        self.local.invalidate(slug).await;
+        if let Some(mc) = &self.memcached {
+            if let Err(e) = mc.delete(&self.mc_key(slug)).await {
+                self.metrics
+                    .memcached_errors
+                    .with_label_values(&[e.kind()])
+                    .inc();
+            }
+        }
+    }
+}

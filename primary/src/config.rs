@@ -1,0 +1,299 @@
+//! Typed configuration: flags with env-var fallbacks, defaults, validation at start.
+
+use clap::{Args, Parser, Subcommand};
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// A value that must never appear in logs or `Debug` output.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "primary",
+    version,
+    about = "zlink primary tier: link API and redirects from ScyllaDB"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the link API and redirects.
+    Serve(Box<ServeConfig>),
+    /// Create the keyspace (if missing) and apply deploy/cql/schema.cql. Idempotent.
+    Migrate {
+        #[command(flatten)]
+        store: StoreConfig,
+        /// Replication factor for a newly created keyspace (SimpleStrategy).
+        #[arg(long, env = "ZLINK_REPLICATION_FACTOR", default_value_t = 1)]
+        replication_factor: u32,
+    },
+    /// Create an API key and print it once (only its hash is stored).
+    CreateKey {
+        #[command(flatten)]
+        store: StoreConfig,
+        /// The principal that owns links created with this key.
+        #[arg(long)]
+        owner: String,
+        /// An admin key may read and change every link.
+        #[arg(long)]
+        admin: bool,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StoreConfig {
+    /// ScyllaDB/Cassandra contact points, host:port, comma-separated.
+    #[arg(
+        long,
+        env = "ZLINK_CQL_NODES",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:9042"
+    )]
+    pub cql_nodes: Vec<String>,
+    /// Keyspace holding every zlink table ([a-z0-9_], at most 48 characters).
+    #[arg(long, env = "ZLINK_KEYSPACE", default_value = "zlink")]
+    pub keyspace: String,
+    /// Per-request timeout for CQL statements, in milliseconds.
+    #[arg(long, env = "ZLINK_CQL_TIMEOUT_MS", default_value_t = 2000)]
+    pub cql_timeout_ms: u64,
+}
+
+impl StoreConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cql_nodes.iter().all(|n| n.trim().is_empty()) {
+            return Err("--cql-nodes: at least one contact point is required".into());
+        }
+        validate_keyspace(&self.keyspace)?;
+        if !(10..=60_000).contains(&self.cql_timeout_ms) {
+            return Err("--cql-timeout-ms must be between 10 and 60000".into());
+        }
+        Ok(())
+    }
+
+    pub fn cql_timeout(&self) -> Duration {
+        Duration::from_millis(self.cql_timeout_ms)
+    }
+}
+
+/// Keyspace names reach CQL text (DDL cannot bind them), so only `[a-z0-9_]` is accepted.
+pub fn validate_keyspace(ks: &str) -> Result<(), String> {
+    let ok = !ks.is_empty()
+        && ks.len() <= 48
+        && ks
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && ks.as_bytes()[0].is_ascii_lowercase();
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("keyspace {ks:?} must match [a-z][a-z0-9_]{{0,47}}"))
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "ZLINK_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Name of this instance in logs, metrics and click events.
+    #[arg(long, env = "ZLINK_INSTANCE", default_value = "primary")]
+    pub instance: String,
+    /// Base of the short URLs returned by the API (scheme://host[:port], no trailing slash).
+    #[arg(
+        long,
+        env = "ZLINK_PUBLIC_BASE_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub public_base_url: String,
+
+    #[command(flatten)]
+    pub store: StoreConfig,
+
+    /// memcached address host:port; empty disables the shared cache layer.
+    #[arg(long, env = "ZLINK_MEMCACHED", default_value = "")]
+    pub memcached: String,
+    /// Budget for one memcached operation (including waiting for a connection), milliseconds.
+    /// Past it the redirect falls through to the store.
+    #[arg(long, env = "ZLINK_MEMCACHED_TIMEOUT_MS", default_value_t = 20)]
+    pub memcached_timeout_ms: u64,
+    /// Connections kept open to memcached.
+    #[arg(long, env = "ZLINK_MEMCACHED_POOL", default_value_t = 8)]
+    pub memcached_pool: usize,
+    /// After a memcached connection failure, skip memcached for this long, milliseconds.
+    #[arg(long, env = "ZLINK_MEMCACHED_BACKOFF_MS", default_value_t = 1000)]
+    pub memcached_backoff_ms: u64,
+    /// TTL of link entries in memcached, seconds (changes delete the entry explicitly).
+    #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
+    pub memcached_ttl_s: u32,
+
+    /// Memory budget of the in-process redirect cache, bytes (entries are weighed by URL size).
+    #[arg(long, env = "ZLINK_LOCAL_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub local_cache_bytes: u64,
+    /// TTL of a found link in the in-process cache, milliseconds. Bounds how long another
+    /// instance may keep redirecting a link that was just disabled.
+    #[arg(long, env = "ZLINK_LOCAL_CACHE_TTL_MS", default_value_t = 2000)]
+    pub local_cache_ttl_ms: u64,
+    /// TTL of "no such slug" in the in-process cache, milliseconds.
+    #[arg(long, env = "ZLINK_NEGATIVE_CACHE_TTL_MS", default_value_t = 1000)]
+    pub negative_cache_ttl_ms: u64,
+
+    /// Status code of redirects for links created without one: 301, 302, 307 or 308.
+    #[arg(long, env = "ZLINK_REDIRECT_CODE", default_value_t = 302)]
+    pub redirect_code: u16,
+    /// Cache-Control header sent with redirects.
+    #[arg(
+        long,
+        env = "ZLINK_REDIRECT_CACHE_CONTROL",
+        default_value = "private, max-age=90"
+    )]
+    pub redirect_cache_control: String,
+
+    /// Secret key of the auto-slug permutation. Must never change once links exist.
+    #[arg(long, env = "ZLINK_SLUG_KEY", hide_env_values = true)]
+    pub slug_key: Secret,
+    /// Salt for hashing client IPs in click events.
+    #[arg(
+        long,
+        env = "ZLINK_IP_HASH_SALT",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub ip_hash_salt: Secret,
+    /// IDs leased per compare-and-set on the shared ID counter.
+    #[arg(long, env = "ZLINK_ID_BLOCK_SIZE", default_value_t = 1000)]
+    pub id_block_size: u64,
+
+    /// Largest accepted request body, bytes.
+    #[arg(long, env = "ZLINK_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
+    pub max_body_bytes: usize,
+    /// Deadline for handling one request, milliseconds; past it the answer is 503.
+    #[arg(long, env = "ZLINK_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
+    pub request_timeout_ms: u64,
+    /// Time allowed for in-flight requests to finish after SIGTERM, seconds.
+    #[arg(long, env = "ZLINK_SHUTDOWN_GRACE_S", default_value_t = 10)]
+    pub shutdown_grace_s: u64,
+}
+
+impl ServeConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.store.validate()?;
+        if self.instance.is_empty()
+            || self.instance.len() > 64
+            || !self
+                .instance
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err("--instance must be 1-64 characters of [A-Za-z0-9_-]".into());
+        }
+        let base = &self.public_base_url;
+        if !(base.starts_with("http://") || base.starts_with("https://")) || base.ends_with('/') {
+            return Err(
+                "--public-base-url must be http(s)://host[:port] without a trailing slash".into(),
+            );
+        }
+        if !zlink_wire::link::is_redirect_code(self.redirect_code) {
+            return Err("--redirect-code must be one of 301, 302, 307, 308".into());
+        }
+        if http::HeaderValue::from_str(&self.redirect_cache_control).is_err() {
+            return Err("--redirect-cache-control is not a valid header value".into());
+        }
+        if self.slug_key.0.len() < 16 {
+            return Err("--slug-key / ZLINK_SLUG_KEY must be at least 16 characters".into());
+        }
+        if self.memcached_pool == 0 || self.memcached_pool > 256 {
+            return Err("--memcached-pool must be between 1 and 256".into());
+        }
+        if self.memcached_timeout_ms == 0 || self.memcached_timeout_ms > 1000 {
+            return Err("--memcached-timeout-ms must be between 1 and 1000".into());
+        }
+        if self.local_cache_bytes < 1024 * 1024 {
+            return Err("--local-cache-bytes must be at least 1 MiB".into());
+        }
+        if !(1..=1_000_000).contains(&self.id_block_size) {
+            return Err("--id-block-size must be between 1 and 1000000".into());
+        }
+        if !(1024..=1024 * 1024).contains(&self.max_body_bytes) {
+            return Err("--max-body-bytes must be between 1024 and 1048576".into());
+        }
+        if self.request_timeout_ms < 10 {
+            return Err("--request-timeout-ms must be at least 10".into());
+        }
+        Ok(())
+    }
+
+    pub fn memcached_addr(&self) -> Option<&str> {
+        let a = self.memcached.trim();
+        (!a.is_empty()).then_some(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> Result<ServeConfig, String> {
+        let mut argv = vec!["primary", "serve", "--slug-key", "0123456789abcdef0123"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Serve(c) => c.validate().map(|_| *c),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = serve(&[]).unwrap();
+        assert_eq!(c.redirect_code, 302);
+        assert_eq!(c.memcached_addr(), None);
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_message() {
+        assert!(serve(&["--redirect-code", "200"])
+            .unwrap_err()
+            .contains("redirect-code"));
+        assert!(serve(&["--keyspace", "Bad-Name"])
+            .unwrap_err()
+            .contains("keyspace"));
+        assert!(serve(&["--keyspace", "x; DROP"])
+            .unwrap_err()
+            .contains("keyspace"));
+        assert!(serve(&["--public-base-url", "http://x/"])
+            .unwrap_err()
+            .contains("public-base-url"));
+        assert!(serve(&["--instance", "a b"])
+            .unwrap_err()
+            .contains("instance"));
+        assert!(serve(&["--redirect-cache-control", "a\nb"])
+            .unwrap_err()
+            .contains("cache-control"));
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let c = serve(&[]).unwrap();
+        assert!(!format!("{c:?}").contains("0123456789abcdef"));
+    }
+}

@@ -1,0 +1,281 @@
+//! HTTP plumbing: the route table, the middleware stack, and the accept loop.
+
+use crate::app::AppState;
+use crate::error::{json_response, ApiError};
+use crate::{api, redirect};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::{Layer, Service, ServiceBuilder};
+
+pub type Resp = Response<Full<Bytes>>;
+
+/// Every path primary answers. Parsing is pure; method checks happen in [`dispatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<'a> {
+    Healthz,
+    Readyz,
+    Metrics,
+    Links,
+    Link(&'a str),
+    Redirect(&'a str),
+    ApiNotFound,
+    NotFound,
+}
+
+impl<'a> Route<'a> {
+    pub fn parse(path: &'a str) -> Self {
+        match path {
+            "/healthz" => Route::Healthz,
+            "/readyz" => Route::Readyz,
+            "/metrics" => Route::Metrics,
+            "/api/v1/links" => Route::Links,
+            _ => {
+                if let Some(rest) = path.strip_prefix("/api/v1/links/") {
+                    if !rest.contains('/') {
+                        return Route::Link(rest);
+                    }
+                }
+                if path == "/api" || path.starts_with("/api/") {
+                    return Route::ApiNotFound;
+                }
+                match path.strip_prefix('/') {
+                    Some(seg) if !seg.is_empty() && !seg.contains('/') => Route::Redirect(seg),
+                    _ => Route::NotFound,
+                }
+            }
+        }
+    }
+
+    /// Bounded label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::Healthz => "healthz",
+            Route::Readyz => "readyz",
+            Route::Metrics => "metrics",
+            Route::Links => "links",
+            Route::Link(_) => "link",
+            Route::Redirect(_) => "redirect",
+            Route::ApiNotFound | Route::NotFound => "not_found",
+        }
+    }
+}
+
+/// The route label travels to the metrics layer in the response extensions.
+#[derive(Clone, Copy)]
+struct RouteLabel(&'static str);
+
+/// The TCP peer, for the client-IP of click events.
+#[derive(Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_owned();
+    let route = Route::parse(&path);
+    let method = req.method().clone();
+    let result = match (route, &method) {
+        (Route::Healthz, &Method::GET | &Method::HEAD) => Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({"status": "ok"}),
+        )),
+        (Route::Readyz, &Method::GET | &Method::HEAD) => Ok(readyz(&state).await),
+        (Route::Metrics, &Method::GET) => Ok(metrics(&state)),
+        (Route::Healthz | Route::Readyz, _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
+        (Route::Metrics, _) => Err(ApiError::MethodNotAllowed("GET")),
+        (Route::Links, &Method::POST) => api::create(&state, req).await,
+        (Route::Links, _) => Err(ApiError::MethodNotAllowed("POST")),
+        (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
+        (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
+        (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH")),
+        (Route::Redirect(slug), &Method::GET | &Method::HEAD) => {
+            Ok(redirect::redirect(&state, &req, slug).await)
+        }
+        (Route::Redirect(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
+        (Route::ApiNotFound | Route::NotFound, _) => Err(ApiError::NotFound),
+    };
+    let mut resp = result.unwrap_or_else(ApiError::into_response);
+    resp.extensions_mut().insert(RouteLabel(route.label()));
+    resp
+}
+
+async fn readyz(state: &AppState) -> Resp {
+    match tokio::time::timeout(Duration::from_secs(1), state.store.ping()).await {
+        Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
+        Ok(Err(e)) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "not_ready", "store": e.to_string()}),
+        ),
+        Err(_) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "not_ready", "store": "timeout"}),
+        ),
+    }
+}
+
+fn metrics(state: &AppState) -> Resp {
+    let mut resp = Response::new(Full::new(Bytes::from(state.metrics.render())));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+/// Middleware: the request deadline (past it: 503 JSON, so nginx can fail over) and the
+/// per-route request counter. It sits outermost so that it also counts timed-out requests.
+#[derive(Clone)]
+pub struct ObserveLayer {
+    state: Arc<AppState>,
+    deadline: Duration,
+}
+
+impl<S> Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe {
+            inner,
+            state: self.state.clone(),
+            deadline: self.deadline,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Observe<S> {
+    inner: S,
+    state: Arc<AppState>,
+    deadline: Duration,
+}
+
+impl<S, B> Service<Request<B>> for Observe<S>
+where
+    S: Service<Request<B>, Response = Resp, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Resp;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Resp, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let fut = self.inner.call(req);
+        let (state, deadline) = (self.state.clone(), self.deadline);
+        Box::pin(async move {
+            let resp = match tokio::time::timeout(deadline, fut).await {
+                Ok(Ok(resp)) => resp,
+                Err(_) => {
+                    let mut r = ApiError::Timeout.into_response();
+                    r.extensions_mut().insert(RouteLabel("timeout"));
+                    r
+                }
+            };
+            let route = resp
+                .extensions()
+                .get::<RouteLabel>()
+                .map_or("unknown", |r| r.0);
+            state
+                .metrics
+                .requests
+                .with_label_values(&[route, resp.status().as_str()])
+                .inc();
+            Ok(resp)
+        })
+    }
+}
+
+/// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
+/// (up to `grace`), and returns.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10))
+        .max_buf_size(64 * 1024)
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let app = state.clone();
+        let svc = ServiceBuilder::new()
+            .layer(ObserveLayer {
+                state: state.clone(),
+                deadline: app.settings.request_timeout,
+            })
+            .service_fn(move |mut req: Request<Incoming>| {
+                req.extensions_mut().insert(Peer(peer));
+                let app = app.clone();
+                async move { Ok::<_, Infallible>(dispatch(app, req).await) }
+            });
+        let conn = graceful
+            .watch(http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    tracing::info!("shutting down: draining in-flight requests");
+    tokio::select! {
+        _ = graceful.shutdown() => tracing::info!("all connections closed"),
+        _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Route::{self, *};
+
+    #[test]
+    fn routes_parse() {
+        let cases: &[(&str, Route)] = &[
+            ("/healthz", Healthz),
+            ("/readyz", Readyz),
+            ("/metrics", Metrics),
+            ("/api/v1/links", Links),
+            ("/api/v1/links/abc", Link("abc")),
+            ("/api/v1/links/abc/stats", ApiNotFound),
+            ("/api/v2/x", ApiNotFound),
+            ("/api", ApiNotFound),
+            ("/abc", Redirect("abc")),
+            ("/a%2Fb", Redirect("a%2Fb")),
+            ("/abc/", NotFound),
+            ("/", NotFound),
+            ("//x", NotFound),
+        ];
+        for (path, want) in cases {
+            assert_eq!(Route::parse(path), *want, "{path}");
+        }
+    }
+}

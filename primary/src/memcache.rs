@@ -1,0 +1,254 @@
+//! A small async memcached client (text protocol: get, set, delete) built for the redirect path.
+//!
+//! Why not the `memcache` crate: it is blocking, so every redirect would need a
+//! `spawn_blocking` hop and its timeouts are per socket op, not per lookup. Here one budget
+//! (`timeout`) covers waiting for a connection, connecting and the round trip; past it the
+//! caller falls through to the store. After a connect failure or a timeout the client skips
+//! memcached for `backoff`, so a dead or stalled memcached costs one request per backoff period,
+//! not every request. A connection is taken out of its slot for the duration of an operation:
+//! if the operation is cancelled halfway (timeout), the half-used connection is dropped, never
+//! reused with unread bytes in it.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+/// Largest value this client accepts back from the server.
+const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Error)]
+pub enum McError {
+    #[error("memcached skipped: backing off after a failure")]
+    BackingOff,
+    #[error("memcached timed out")]
+    Timeout,
+    #[error("memcached i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("memcached protocol: {0}")]
+    Protocol(String),
+}
+
+impl McError {
+    /// Label for the errors metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            McError::BackingOff => "backoff",
+            McError::Timeout => "timeout",
+            McError::Io(_) => "io",
+            McError::Protocol(_) => "protocol",
+        }
+    }
+}
+
+enum Op<'a> {
+    Get(&'a str),
+    Set(&'a str, &'a [u8], u32),
+    Delete(&'a str),
+}
+
+enum Reply {
+    Value(Option<Vec<u8>>),
+    Done,
+}
+
+pub struct Memcache {
+    addr: String,
+    slots: Vec<Mutex<Option<BufStream<TcpStream>>>>,
+    next: AtomicUsize,
+    timeout: Duration,
+    backoff: Duration,
+    epoch: Instant,
+    /// Milliseconds since `epoch` before which every operation fails fast.
+    down_until_ms: AtomicU64,
+}
+
+/// memcached keys: 1..=250 bytes, no whitespace or control characters.
+pub fn is_valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 250 && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+impl Memcache {
+    pub fn new(addr: impl Into<String>, pool: usize, timeout: Duration, backoff: Duration) -> Self {
+        Self {
+            addr: addr.into(),
+            slots: (0..pool.max(1)).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            timeout,
+            backoff,
+            epoch: Instant::now(),
+            down_until_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, McError> {
+        match self.exec(Op::Get(key)).await? {
+            Reply::Value(v) => Ok(v),
+            Reply::Done => Err(McError::Protocol("unexpected reply to get".into())),
+        }
+    }
+
+    pub async fn set(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<(), McError> {
+        self.exec(Op::Set(key, value, ttl_s)).await.map(|_| ())
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<(), McError> {
+        self.exec(Op::Delete(key)).await.map(|_| ())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn mark_down(&self) {
+        self.down_until_ms.store(
+            self.now_ms() + self.backoff.as_millis() as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    async fn exec(&self, op: Op<'_>) -> Result<Reply, McError> {
+        let key = match &op {
+            Op::Get(k) | Op::Set(k, ..) | Op::Delete(k) => *k,
+        };
+        if !is_valid_key(key) {
+            return Err(McError::Protocol("invalid key".into()));
+        }
+        if self.now_ms() < self.down_until_ms.load(Ordering::Relaxed) {
+            return Err(McError::BackingOff);
+        }
+        let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
+        let attempt = async {
+            let mut guard = slot.lock().await;
+            let mut conn = match guard.take() {
+                Some(c) => c,
+                None => {
+                    let s = TcpStream::connect(&self.addr)
+                        .await
+                        .inspect_err(|_| self.mark_down())?;
+                    s.set_nodelay(true)?;
+                    BufStream::new(s)
+                }
+            };
+            let reply = roundtrip(&mut conn, &op).await?;
+            *guard = Some(conn);
+            Ok(reply)
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.mark_down();
+                Err(McError::Timeout)
+            }
+        }
+    }
+}
+
+async fn read_line(conn: &mut BufStream<TcpStream>) -> Result<String, McError> {
+    let mut line = String::new();
+    // Bounded: a reply line is at most "VALUE <250-byte key> <flags> <bytes>".
+    let n = (&mut *conn).take(512).read_line(&mut line).await?;
+    if n == 0 {
+        return Err(McError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    if !line.ends_with("\r\n") {
+        return Err(McError::Protocol(
+            "reply line too long or unterminated".into(),
+        ));
+    }
+    line.truncate(line.len() - 2);
+    Ok(line)
+}
+
+async fn roundtrip(conn: &mut BufStream<TcpStream>, op: &Op<'_>) -> Result<Reply, McError> {
+    match op {
+        Op::Get(key) => {
+            conn.write_all(format!("get {key}\r\n").as_bytes()).await?;
+            conn.flush().await?;
+            let line = read_line(conn).await?;
+            if line == "END" {
+                return Ok(Reply::Value(None));
+            }
+            let mut parts = line.split(' ');
+            let (Some("VALUE"), Some(k), Some(_flags), Some(len), None) = (
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+                parts.next(),
+            ) else {
+                return Err(McError::Protocol(format!("unexpected get reply {line:?}")));
+            };
+            if k != *key {
+                return Err(McError::Protocol("reply for another key".into()));
+            }
+            let len: usize = len
+                .parse()
+                .map_err(|_| McError::Protocol("bad length".into()))?;
+            if len > MAX_VALUE_BYTES {
+                return Err(McError::Protocol("value too large".into()));
+            }
+            let mut buf = vec![0u8; len + 2];
+            conn.read_exact(&mut buf).await?;
+            if &buf[len..] != b"\r\n" {
+                return Err(McError::Protocol("value not terminated".into()));
+            }
+            buf.truncate(len);
+            if read_line(conn).await? != "END" {
+                return Err(McError::Protocol("missing END".into()));
+            }
+            Ok(Reply::Value(Some(buf)))
+        }
+        Op::Set(key, value, ttl) => {
+            conn.write_all(format!("set {key} 0 {ttl} {}\r\n", value.len()).as_bytes())
+                .await?;
+            conn.write_all(value).await?;
+            conn.write_all(b"\r\n").await?;
+            conn.flush().await?;
+            match read_line(conn).await?.as_str() {
+                "STORED" | "NOT_STORED" => Ok(Reply::Done),
+                other => Err(McError::Protocol(format!("unexpected set reply {other:?}"))),
+            }
+        }
+        Op::Delete(key) => {
+            conn.write_all(format!("delete {key}\r\n").as_bytes())
+                .await?;
+            conn.flush().await?;
+            match read_line(conn).await?.as_str() {
+                "DELETED" | "NOT_FOUND" => Ok(Reply::Done),
+                other => Err(McError::Protocol(format!(
+                    "unexpected delete reply {other:?}"
+                ))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_with_spaces_or_controls_are_invalid() {
+        assert!(is_valid_key("zl:ks:abc"));
+        assert!(!is_valid_key("a b"));
+        assert!(!is_valid_key("a\r\nflush_all"));
+        assert!(!is_valid_key(""));
+        assert!(!is_valid_key(&"k".repeat(251)));
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_fails_fast_then_backs_off() {
+        // Port 1 on loopback: connection refused.
+        let mc = Memcache::new(
+            "127.0.0.1:1",
+            2,
+            Duration::from_millis(50),
+            Duration::from_secs(5),
+        );
+        assert!(matches!(mc.get("k").await, Err(McError::Io(_))));
+        assert!(matches!(mc.get("k").await, Err(McError::BackingOff)));
+    }
+}

@@ -1,0 +1,117 @@
+//! Every primary metric, registered in one place under `zlink_primary_`. The rest of the code
+//! holds these typed handles; no metric names are spelled anywhere else.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by route and status code.
+    pub requests: IntCounterVec,
+    /// Redirect handling time (lookup through response), seconds.
+    pub redirect_seconds: Histogram,
+    /// Redirect lookups answered, by the cache layer that answered: local, memcached, store.
+    pub lookups: IntCounterVec,
+    /// Link reads that reached the store (what request coalescing bounds).
+    pub store_reads: IntCounter,
+    /// Store failures by operation.
+    pub store_errors: IntCounterVec,
+    /// memcached failures by kind (timeout, io, backoff, protocol, decode).
+    pub memcached_errors: IntCounterVec,
+    /// Events handed to the event sink, by topic and kind.
+    pub events: IntCounterVec,
+    /// Click events dropped because the click queue was full.
+    pub clicks_dropped: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("zlink_primary".into()), None).expect("valid prefix");
+        let requests = IntCounterVec::new(
+            Opts::new("requests_total", "HTTP requests by route and status"),
+            &["route", "status"],
+        )
+        .expect("valid metric");
+        let redirect_seconds = Histogram::with_opts(
+            HistogramOpts::new("redirect_duration_seconds", "Time to answer a redirect").buckets(
+                vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0,
+                ],
+            ),
+        )
+        .expect("valid metric");
+        let lookups = IntCounterVec::new(
+            Opts::new(
+                "cache_lookups_total",
+                "Redirect lookups by the layer that answered",
+            ),
+            &["layer"],
+        )
+        .expect("valid metric");
+        let store_reads = IntCounter::new(
+            "store_link_reads_total",
+            "Link reads that reached the store",
+        )
+        .expect("valid metric");
+        let store_errors = IntCounterVec::new(
+            Opts::new("store_errors_total", "Store failures by operation"),
+            &["op"],
+        )
+        .expect("valid metric");
+        let memcached_errors = IntCounterVec::new(
+            Opts::new("memcached_errors_total", "memcached failures by kind"),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let events = IntCounterVec::new(
+            Opts::new("events_total", "Events emitted by topic and kind"),
+            &["topic", "kind"],
+        )
+        .expect("valid metric");
+        let clicks_dropped = IntCounter::new(
+            "clicks_dropped_total",
+            "Click events dropped because the queue was full",
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(redirect_seconds.clone()),
+            Box::new(lookups.clone()),
+            Box::new(store_reads.clone()),
+            Box::new(store_errors.clone()),
+            Box::new(memcached_errors.clone()),
+            Box::new(events.clone()),
+            Box::new(clicks_dropped.clone()),
+        ] {
+            registry.register(c).expect("metric registered once");
+        }
+        Self {
+            registry,
+            requests,
+            redirect_seconds,
+            lookups,
+            store_reads,
+            store_errors,
+            memcached_errors,
+            events,
+            clicks_dropped,
+        }
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

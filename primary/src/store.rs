@@ -1,0 +1,473 @@
+//! ScyllaDB access: every CQL statement primary runs, prepared once, plus schema migration.
+//!
+//! Lightweight transactions are used exactly where uniqueness or a state transition needs them
+//! (slug claim, idempotency claim, ID block lease, status change). Their outcome is read from
+//! the `[applied]` column only; when a claim loses, the winner is read back with a SERIAL read,
+//! which is linearizable with the LWT that won.
+
+use crate::config::StoreConfig;
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::response::query_result::QueryResult;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::{Consistency, SerialConsistency};
+use scylla::value::{CqlTimestamp, CqlValue, Row};
+use scylla::DeserializeRow;
+use std::time::Duration;
+use thiserror::Error;
+use zlink_wire::LinkStatus;
+
+const SCHEMA: &str = include_str!("../../deploy/cql/schema.cql");
+
+#[derive(Debug, Error, Clone)]
+pub enum StoreError {
+    /// The database could not answer (down, timeout, overloaded): a retry may help.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The database answered with something this code cannot have written.
+    #[error("unexpected data in store: {0}")]
+    Corrupt(String),
+    /// Compare-and-set kept losing to other writers.
+    #[error("store contention: {0}")]
+    Contention(&'static str),
+}
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// One link as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub slug: String,
+    pub url: String,
+    pub owner: String,
+    pub status: LinkStatus,
+    pub redirect_code: u16,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub version: i64,
+    /// Hash of (owner, Idempotency-Key) of the request that created the link.
+    pub idem: Option<String>,
+}
+
+#[derive(DeserializeRow)]
+struct LinkRow {
+    slug: String,
+    url: String,
+    owner: String,
+    status: String,
+    redirect_code: i32,
+    created_at: CqlTimestamp,
+    expires_at: Option<CqlTimestamp>,
+    version: i64,
+    idem: Option<String>,
+}
+
+impl TryFrom<LinkRow> for Link {
+    type Error = StoreError;
+    fn try_from(r: LinkRow) -> Result<Self, StoreError> {
+        let status = r.status.parse().map_err(|_| {
+            StoreError::Corrupt(format!("link {:?} has status {:?}", r.slug, r.status))
+        })?;
+        let redirect_code = u16::try_from(r.redirect_code)
+            .ok()
+            .filter(|c| zlink_wire::link::is_redirect_code(*c))
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "link {:?} has redirect code {}",
+                    r.slug, r.redirect_code
+                ))
+            })?;
+        Ok(Link {
+            slug: r.slug,
+            url: r.url,
+            owner: r.owner,
+            status,
+            redirect_code,
+            created_at_ms: r.created_at.0,
+            expires_at_ms: r.expires_at.map(|t| t.0),
+            version: r.version,
+            idem: r.idem,
+        })
+    }
+}
+
+/// A stored API key (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    pub key_id: String,
+    pub owner: String,
+    pub admin: bool,
+    pub revoked: bool,
+}
+
+struct Statements {
+    get_link: PreparedStatement,
+    get_link_serial: PreparedStatement,
+    insert_link: PreparedStatement,
+    update_status: PreparedStatement,
+    claim_idem: PreparedStatement,
+    get_idem_serial: PreparedStatement,
+    get_block_serial: PreparedStatement,
+    init_block: PreparedStatement,
+    cas_block: PreparedStatement,
+    get_key: PreparedStatement,
+    insert_key: PreparedStatement,
+    ping: PreparedStatement,
+}
+
+pub struct Store {
+    session: Session,
+    st: Statements,
+}
+
+const LINK_COLUMNS: &str =
+    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem";
+
+async fn connect(cfg: &StoreConfig, keyspace: Option<&str>) -> Result<Session, StoreError> {
+    let profile = ExecutionProfile::builder()
+        .consistency(Consistency::LocalQuorum)
+        .serial_consistency(Some(SerialConsistency::LocalSerial))
+        .request_timeout(Some(cfg.cql_timeout()))
+        .build();
+    let mut b = SessionBuilder::new()
+        .known_nodes(
+            cfg.cql_nodes
+                .iter()
+                .map(|n| n.trim())
+                .filter(|n| !n.is_empty()),
+        )
+        .connection_timeout(Duration::from_secs(3))
+        .default_execution_profile_handle(profile.into_handle());
+    if let Some(ks) = keyspace {
+        b = b.use_keyspace(ks, false);
+    }
+    b.build().await.map_err(unavailable)
+}
+
+/// Creates the keyspace if it is missing and applies every statement of the schema file.
+pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), StoreError> {
+    crate::config::validate_keyspace(&cfg.keyspace).map_err(StoreError::Corrupt)?;
+    let session = connect(cfg, None).await?;
+    // The keyspace name is validated to [a-z][a-z0-9_]*; DDL cannot bind it as a value.
+    let ddl = format!(
+        "CREATE KEYSPACE IF NOT EXISTS {} WITH replication = \
+         {{'class': 'NetworkTopologyStrategy', 'replication_factor': {replication_factor}}}",
+        cfg.keyspace
+    );
+    session.query_unpaged(ddl, &[]).await.map_err(unavailable)?;
+    session
+        .use_keyspace(&cfg.keyspace, false)
+        .await
+        .map_err(unavailable)?;
+    for stmt in schema_statements() {
+        session
+            .query_unpaged(stmt, &[])
+            .await
+            .map_err(unavailable)?;
+    }
+    session
+        .await_schema_agreement()
+        .await
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+/// The statements of deploy/cql/schema.cql, comments removed.
+fn schema_statements() -> Vec<String> {
+    let without_comments: String = SCHEMA
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    without_comments
+        .split(';')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn applied(result: QueryResult) -> Result<bool, StoreError> {
+    let rows = result.into_rows_result().map_err(unavailable)?;
+    let row: Row = rows.first_row().map_err(unavailable)?;
+    match row.columns.first() {
+        Some(Some(CqlValue::Boolean(b))) => Ok(*b),
+        other => Err(StoreError::Corrupt(format!(
+            "LWT answered without [applied]: {other:?}"
+        ))),
+    }
+}
+
+impl Store {
+    /// Connects to an existing keyspace (see [`migrate`]) and prepares every statement.
+    pub async fn connect(cfg: &StoreConfig) -> Result<Self, StoreError> {
+        let session = connect(cfg, Some(&cfg.keyspace)).await?;
+        let prep = |q: String, idempotent: bool, serial: bool| {
+            let session = &session;
+            async move {
+                let mut p = session.prepare(q).await.map_err(unavailable)?;
+                p.set_is_idempotent(idempotent);
+                if serial {
+                    p.set_consistency(Consistency::LocalSerial);
+                }
+                Ok::<_, StoreError>(p)
+            }
+        };
+        let st = Statements {
+            get_link: prep(format!("SELECT {LINK_COLUMNS} FROM links WHERE slug = ?"), true, false).await?,
+            get_link_serial: prep(format!("SELECT {LINK_COLUMNS} FROM links WHERE slug = ?"), true, true).await?,
+            insert_link: prep(
+                format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
+                false,
+                false,
+            )
+            .await?,
+            update_status: prep(
+                "UPDATE links SET status = ?, version = ? WHERE slug = ? IF status = ? AND version = ?".into(),
+                false,
+                false,
+            )
+            .await?,
+            claim_idem: prep(
+                "INSERT INTO idempotency (owner, idem_key, slug, fingerprint, created_at) \
+                 VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
+                    .into(),
+                false,
+                false,
+            )
+            .await?,
+            get_idem_serial: prep(
+                "SELECT slug, fingerprint FROM idempotency WHERE owner = ? AND idem_key = ?".into(),
+                true,
+                true,
+            )
+            .await?,
+            get_block_serial: prep("SELECT next_id FROM id_blocks WHERE name = ?".into(), true, true).await?,
+            init_block: prep(
+                "INSERT INTO id_blocks (name, next_id) VALUES (?, ?) IF NOT EXISTS".into(),
+                false,
+                false,
+            )
+            .await?,
+            cas_block: prep("UPDATE id_blocks SET next_id = ? WHERE name = ? IF next_id = ?".into(), false, false)
+                .await?,
+            get_key: prep(
+                "SELECT key_id, owner, role, revoked FROM api_keys WHERE key_hash = ?".into(),
+                true,
+                false,
+            )
+            .await?,
+            insert_key: prep(
+                "INSERT INTO api_keys (key_hash, key_id, owner, role, created_at, revoked) \
+                 VALUES (?, ?, ?, ?, ?, false)"
+                    .into(),
+                true,
+                false,
+            )
+            .await?,
+            ping: prep("SELECT release_version FROM system.local".into(), true, false).await?,
+        };
+        Ok(Store { session, st })
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.st.ping, &[])
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn read_link(
+        &self,
+        stmt: &PreparedStatement,
+        slug: &str,
+    ) -> Result<Option<Link>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(stmt, (slug,))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        match rows
+            .maybe_first_row::<LinkRow>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+        {
+            Some(row) => Ok(Some(row.try_into()?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn get_link(&self, slug: &str) -> Result<Option<Link>, StoreError> {
+        self.read_link(&self.st.get_link, slug).await
+    }
+
+    /// A linearizable read: sees the outcome of every LWT that completed before it.
+    pub async fn get_link_serial(&self, slug: &str) -> Result<Option<Link>, StoreError> {
+        self.read_link(&self.st.get_link_serial, slug).await
+    }
+
+    /// Claims `link.slug`. Returns false if any link already has that slug.
+    pub async fn insert_link_if_absent(&self, link: &Link) -> Result<bool, StoreError> {
+        let values = (
+            &link.slug,
+            &link.url,
+            &link.owner,
+            link.status.as_str(),
+            i32::from(link.redirect_code),
+            CqlTimestamp(link.created_at_ms),
+            link.expires_at_ms.map(CqlTimestamp),
+            link.version,
+            &link.idem,
+        );
+        applied(
+            self.session
+                .execute_unpaged(&self.st.insert_link, values)
+                .await
+                .map_err(unavailable)?,
+        )
+    }
+
+    /// Moves a link from (`from`, `version`) to (`to`, `version + 1`). False if the link was not
+    /// in exactly that state (changed concurrently, or never was).
+    pub async fn transition(
+        &self,
+        slug: &str,
+        from: LinkStatus,
+        version: i64,
+        to: LinkStatus,
+    ) -> Result<bool, StoreError> {
+        let values = (to.as_str(), version + 1, slug, from.as_str(), version);
+        applied(
+            self.session
+                .execute_unpaged(&self.st.update_status, values)
+                .await
+                .map_err(unavailable)?,
+        )
+    }
+
+    /// Claims an idempotency key for `slug`. On a lost claim returns the winner's (slug, fingerprint).
+    pub async fn claim_idempotency(
+        &self,
+        owner: &str,
+        key: &str,
+        slug: &str,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let values = (owner, key, slug, fingerprint, CqlTimestamp(now_ms));
+        if applied(
+            self.session
+                .execute_unpaged(&self.st.claim_idem, values)
+                .await
+                .map_err(unavailable)?,
+        )? {
+            return Ok(None);
+        }
+        let res = self
+            .session
+            .execute_unpaged(&self.st.get_idem_serial, (owner, key))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        match rows
+            .maybe_first_row::<(String, String)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+        {
+            Some(winner) => Ok(Some(winner)),
+            // Lost the claim but the row is gone: it expired in between. Extremely unlikely.
+            None => Err(StoreError::Contention(
+                "idempotency key expired while being claimed",
+            )),
+        }
+    }
+
+    /// Leases `[start, start + n)` from the shared counter `name` with compare-and-set.
+    pub async fn lease_ids(&self, name: &str, n: u64) -> Result<std::ops::Range<u64>, StoreError> {
+        let n_i = i64::try_from(n).map_err(|_| StoreError::Corrupt("block size".into()))?;
+        // Bounded: only concurrent leases by other instances make a round lose.
+        for _ in 0..32 {
+            let res = self
+                .session
+                .execute_unpaged(&self.st.get_block_serial, (name,))
+                .await
+                .map_err(unavailable)?;
+            let rows = res.into_rows_result().map_err(unavailable)?;
+            let current = rows
+                .maybe_first_row::<(i64,)>()
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let won = match current {
+                None => {
+                    let r = self
+                        .session
+                        .execute_unpaged(&self.st.init_block, (name, n_i))
+                        .await;
+                    applied(r.map_err(unavailable)?)?.then_some(0)
+                }
+                Some((cur,)) => {
+                    let r = self
+                        .session
+                        .execute_unpaged(&self.st.cas_block, (cur + n_i, name, cur))
+                        .await;
+                    applied(r.map_err(unavailable)?)?.then_some(cur)
+                }
+            };
+            if let Some(start) = won {
+                let start =
+                    u64::try_from(start).map_err(|_| StoreError::Corrupt("negative id".into()))?;
+                return Ok(start..start + n);
+            }
+        }
+        Err(StoreError::Contention("could not lease an ID block"))
+    }
+
+    pub async fn get_api_key(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.get_key, (key_hash,))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        let row = rows
+            .maybe_first_row::<(String, String, String, Option<bool>)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(row.map(|(key_id, owner, role, revoked)| ApiKeyRecord {
+            key_id,
+            owner,
+            admin: role == "admin",
+            revoked: revoked.unwrap_or(false),
+        }))
+    }
+
+    pub async fn insert_api_key(
+        &self,
+        key_hash: &str,
+        key_id: &str,
+        owner: &str,
+        admin: bool,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let role = if admin { "admin" } else { "owner" };
+        let values = (key_hash, key_id, owner, role, CqlTimestamp(now_ms));
+        self.session
+            .execute_unpaged(&self.st.insert_key, values)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn schema_file_splits_into_create_statements() {
+        let stmts = super::schema_statements();
+        assert_eq!(stmts.len(), 4);
+        assert!(stmts
+            .iter()
+            .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));
+        assert!(stmts.iter().all(|s| !s.contains("--")));
+    }
+}
