@@ -222,14 +222,29 @@ zl_primary_env() {
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
   export ZLINK_MEMCACHED="127.0.0.1:$(zl_port memcached)"
 }
+# A random secret created on first use and kept in the run dir (mode 600). The slug key
+# must never change while links exist, so it lives with the data, not in the environment.
+zl_secret() {
+  local f="$ZLINK_RUN/secrets/$1"
+  if [[ ! -s "$f" ]]; then
+    mkdir -p "$ZLINK_RUN/secrets"
+    chmod 700 "$ZLINK_RUN/secrets"
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$f")
+  fi
+  cat "$f"
+}
 zl_start_primary() {
-  local name="$1" n="${1#primary-}"
+  local name="$1"
   zl_primary_env
-  mkdir -p "$ZLINK_RUN/$name"
-  zl_spawn "$name" env RUST_LOG="${RUST_LOG:-info}" "$(zl_bin primary)" serve \
-    --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
-    --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
-  : "$n"
+  # Secrets go through the environment (never argv, which zl_spawn logs).
+  (
+    ZLINK_SLUG_KEY="$(zl_secret slug-key)"
+    ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
+    export ZLINK_SLUG_KEY ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
+    zl_spawn "$name" "$(zl_bin primary)" serve \
+      --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
+      --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
+  )
 }
 zl_ready_primary() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_primary=60
@@ -308,4 +323,12 @@ zl_status_line() {
     pid=-; state=stopped
   fi
   printf '%-14s %-9s pid=%-8s log=%s\n' "$name" "$state" "$pid" "$(zl_logfile "$name")"
+}
+
+# Starts several components at once and waits until every one is ready.
+zl_up() {
+  local c failed=0
+  for c in "$@"; do zl_start "$c"; done
+  for c in "$@"; do zl_wait_ready "$c" || failed=1; done
+  return "$failed"
 }

@@ -14,9 +14,12 @@ use tokio_util::sync::CancellationToken;
 fn init_tracing() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // Logs go to stderr: stdout carries command output (create-key prints the key there).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if std::env::var("ZLINK_LOG_FORMAT").as_deref() == Ok("json") {
         builder.json().init();
     } else {
