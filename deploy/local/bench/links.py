@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Benchmark helper (stdlib only): create N links, or time first (cold) GETs of slugs.
+
+  links.py create N OUT_FILE     create N links on $ZLINK_PRIMARY_1, write their slugs to OUT_FILE
+  links.py cold BASE_URL FILE    GET each slug once on BASE_URL, print p50/p99/max in ms
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import sys
+import time
+import urllib.parse
+
+
+def conn_for(base):
+    u = urllib.parse.urlsplit(base)
+    return http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+
+
+def create(n, out):
+    base, key = os.environ["ZLINK_PRIMARY_1"], os.environ["ZLINK_ADMIN_KEY"]
+    run = int(time.time())
+
+    def one(i):
+        c = conn_for(base)
+        body = json.dumps({"url": f"https://example.com/bench/{run}/{i}?q={i}"})
+        c.request("POST", "/api/v1/links", body,
+                  {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if r.status != 201:
+            raise SystemExit(f"create failed: {r.status} {data[:200]!r}")
+        return json.loads(data)["slug"]
+
+    started = time.time()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        slugs = list(pool.map(one, range(n)))
+    took = time.time() - started
+    with open(out, "w") as f:
+        f.write("\n".join(slugs) + "\n")
+    print(f"RESULT created={n} seconds={took:.2f} creates_per_s={n / took:.0f}")
+
+
+def cold(base, path):
+    slugs = [s for s in open(path).read().split() if s]
+    c = conn_for(base)
+    lat = []
+    for s in slugs:
+        t = time.perf_counter()
+        c.request("GET", "/" + s)
+        r = c.getresponse()
+        r.read()
+        lat.append((time.perf_counter() - t) * 1000)
+        if r.status != 302:
+            raise SystemExit(f"cold GET /{s} answered {r.status}")
+    lat.sort()
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))]
+    print(f"RESULT cold_requests={len(lat)} p50_ms={pick(0.50):.3f} p99_ms={pick(0.99):.3f} max_ms={lat[-1]:.3f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "create":
+        create(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "cold":
+        cold(sys.argv[2], sys.argv[3])
+    else:
+        raise SystemExit(__doc__)
