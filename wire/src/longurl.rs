@@ -147,3 +147,31 @@ mod tests {
         assert_eq!(normalize(&grows), Err(UrlError::TooLong));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any input: no panic; anything accepted is ASCII, within the limit, a valid
+        /// http(s) URL with a host, and already in normal form.
+        #[test]
+        fn accepted_urls_are_safe_and_stable(raw in "\\PC{0,200}|https?://[a-z0-9.-]{1,30}(:[0-9]{1,5})?/\\PC{0,100}") {
+            if let Ok(url) = normalize(&raw) {
+                prop_assert!(url.is_ascii());
+                prop_assert!(url.len() <= MAX_URL_BYTES);
+                // Quotes, angle brackets and whitespace are always percent-encoded (a backslash may
+                // remain in a fragment: legal in a header, and escaped wherever it is embedded).
+                prop_assert!(!url.contains(['"', '<', '>', ' ', '\n', '\r']));
+                prop_assert!(url.starts_with("http://") || url.starts_with("https://"));
+                prop_assert!(http_header_safe(&url));
+                prop_assert_eq!(normalize(&url), Ok(url.clone()));
+            }
+        }
+    }
+
+    fn http_header_safe(s: &str) -> bool {
+        s.bytes().all(|b| (0x21..0x7f).contains(&b))
+    }
+}

@@ -315,3 +315,27 @@ mod tests {
         assert_eq!(validate_custom("abcDEF12"), Ok(()));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_id_round_trips(id in 0..AUTO_SPACE, key in proptest::collection::vec(any::<u8>(), 16..48)) {
+            let codec = SlugCodec::new(&key);
+            let slug = codec.encode(id).unwrap();
+            prop_assert!(is_auto_shape(&slug));
+            prop_assert!(validate_custom(&slug).is_err());
+            prop_assert_eq!(codec.decode(&slug), Some(id));
+        }
+
+        #[test]
+        fn slug_validation_never_accepts_unsafe_characters(s in "\\PC{0,80}") {
+            if is_valid_slug(&s) {
+                prop_assert!(s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'));
+            }
+        }
+    }
+}
