@@ -721,3 +721,43 @@ async fn health_readiness_and_metrics_are_served() {
     assert!(text.contains("zlink_primary_redirect_duration_seconds_bucket"));
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redirect_code_is_configurable_per_service_and_per_link() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let p = spawn_primary(
+        &infra,
+        &ks,
+        &[
+            "--redirect-code",
+            "307",
+            "--redirect-cache-control",
+            "public, max-age=60",
+        ],
+        None,
+    )
+    .await;
+    let key = create_key(&p.state, "alice", false).await;
+    let cases = [
+        (None, 307u16),
+        (Some(301u16), 301),
+        (Some(302), 302),
+        (Some(308), 308),
+    ];
+    for (i, (code, want)) in cases.into_iter().enumerate() {
+        let mut body =
+            json!({"url": format!("https://example.com/{i}"), "slug": format!("code-{i}")});
+        if let Some(c) = code {
+            body["redirect_code"] = json!(c);
+        }
+        let r = create(&p.base, &key, body).await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert_eq!(r.json::<Value>().await.unwrap()["redirect_code"], want);
+        let r = get(&p.url(&format!("/code-{i}"))).await;
+        assert_eq!(r.status().as_u16(), want);
+        assert_eq!(location(&r), Some(format!("https://example.com/{i}")));
+        assert_eq!(r.headers()["cache-control"], "public, max-age=60");
+    }
+    p.stop().await;
+}
