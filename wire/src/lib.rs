@@ -4,7 +4,9 @@
 //! - [`longurl`]: validation and normalisation of destination URLs.
 //! - [`link`]: the link state machine and the allowed redirect codes.
 //! - [`events`]: `links` and `clicks` Kafka event schemas.
+//! - [`blob`]: the S3 meta-refresh HTML blob (render, strict parse, object metadata).
 
+pub mod blob;
 pub mod events;
 pub mod link;
 pub mod longurl;
