@@ -36,6 +36,7 @@ zl_components() {
   echo cassandra kafka s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
+  echo replicator
 }
 
 zl_port() {
@@ -53,6 +54,7 @@ zl_port() {
     weed-metrics) off=137 ;;
     memcached) off=11 ;;
     primary-*) off=$((80 + ${1#primary-})) ;;
+    replicator) off=85 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
   echo $((ZLINK_PORT_BASE + off))
@@ -221,6 +223,7 @@ zl_primary_env() {
   export ZLINK_CQL_NODES="127.0.0.1:$(zl_port cql)"
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
   export ZLINK_MEMCACHED="127.0.0.1:$(zl_port memcached)"
+  export ZLINK_KAFKA="127.0.0.1:$(zl_port kafka)"
 }
 # A random secret created on first use and kept in the run dir (mode 600). The slug key
 # must never change while links exist, so it lives with the data, not in the environment.
@@ -249,6 +252,24 @@ zl_start_primary() {
 zl_ready_primary() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_primary=60
 
+# ---------------------------------------------------------------- replicator
+zl_s3_env() {
+  export ZLINK_S3_ENDPOINT="http://127.0.0.1:$(zl_port s3)"
+  export ZLINK_S3_BUCKET="$S3_BUCKET"
+  export ZLINK_S3_ACCESS_KEY="$S3_ACCESS_KEY"
+  export ZLINK_S3_SECRET_KEY="$S3_SECRET_KEY"
+}
+zl_start_replicator() {
+  (
+    zl_primary_env
+    zl_s3_env
+    export RUST_LOG="${RUST_LOG:-info}"
+    zl_spawn replicator "$(zl_bin replicator)" run --listen "127.0.0.1:$(zl_port replicator)"
+  )
+}
+zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }
+ZL_TIMEOUT_replicator=60
+
 # ---------------------------------------------------------------- generic control
 zl_kind() { case "$1" in primary-*) echo primary ;; *) echo "$1" ;; esac; }
 
@@ -268,6 +289,7 @@ zl_start() {
   local name="$1" kind
   kind="$(zl_kind "$name")"
   if zl_pid "$name" >/dev/null; then return 0; fi
+  mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   if [[ "$kind" == primary ]]; then zl_start_primary "$name"; else "zl_start_$kind"; fi
 }
 

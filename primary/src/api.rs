@@ -3,7 +3,7 @@
 use crate::app::AppState;
 use crate::error::{json_response, ApiError};
 use crate::http::Resp;
-use crate::store::Link;
+use crate::store::{Link, OutboxRow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -60,7 +60,8 @@ fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
     })
 }
 
-fn event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
+/// The `links` event announcing that `l` is now in its current state.
+pub fn link_event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
     LinkEvent {
         schema: LINK_EVENT_SCHEMA,
         kind,
@@ -222,11 +223,22 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         version: 1,
         idem: idem.clone(),
     };
+    // Written before the change they announce (see `relay`): a crash after the insert leaves
+    // the outbox row, so the event is published whatever happens next.
+    if state.events.uses_outbox() {
+        state
+            .store
+            .outbox_add(&OutboxRow::new(&new.slug, now, new.version))
+            .await?;
+    }
+    if let Some(exp) = new.expires_at_ms {
+        state.store.expiry_add(&new.slug, exp).await?;
+    }
     if state.store.insert_link_if_absent(&new).await? {
         state.cache.forget_local(&new.slug).await;
         state
             .events
-            .link_changed(event(LinkEventKind::Created, &new, now));
+            .link_changed(link_event(LinkEventKind::Created, &new, now));
         tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
         return Ok(json_response(
             StatusCode::CREATED,
@@ -326,6 +338,10 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
             format!("a {current} link cannot become {to}"),
         ));
     }
+    if state.events.uses_outbox() {
+        let row = OutboxRow::new(&link.slug, now, link.version + 1);
+        state.store.outbox_add(&row).await?;
+    }
     if !state
         .store
         .transition(&link.slug, link.status, link.version, to)
@@ -347,7 +363,7 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
     } else {
         LinkEventKind::Enabled
     };
-    state.events.link_changed(event(kind, &updated, now));
+    state.events.link_changed(link_event(kind, &updated, now));
     tracing::info!(slug = %updated.slug, status = %to, version = updated.version, "link status changed");
     Ok(json_response(
         StatusCode::OK,

@@ -108,6 +108,12 @@ pub fn validate_keyspace(ks: &str) -> Result<(), String> {
     }
 }
 
+pub fn is_topic_name(t: &str) -> bool {
+    (1..=249).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
     /// Address to listen on.
@@ -143,6 +149,17 @@ pub struct ServeConfig {
     /// TTL of link entries in memcached, seconds (changes delete the entry explicitly).
     #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
     pub memcached_ttl_s: u32,
+
+    /// Kafka bootstrap servers (host:port,...). Empty: link events are only counted and logged
+    /// (no outbox), which is for tests and single-box experiments only.
+    #[arg(long, env = "ZLINK_KAFKA", default_value = "")]
+    pub kafka: String,
+    /// Topic of link events.
+    #[arg(long, env = "ZLINK_LINKS_TOPIC", default_value = "links")]
+    pub links_topic: String,
+    /// How long the producer retries one event before leaving it to the outbox sweeper, ms.
+    #[arg(long, env = "ZLINK_KAFKA_MESSAGE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub kafka_message_timeout_ms: u64,
 
     /// Memory budget of the in-process redirect cache, bytes (entries are weighed by URL size).
     #[arg(long, env = "ZLINK_LOCAL_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
@@ -219,6 +236,12 @@ impl ServeConfig {
         if self.slug_key.0.len() < 16 {
             return Err("--slug-key / ZLINK_SLUG_KEY must be at least 16 characters".into());
         }
+        if !is_topic_name(&self.links_topic) {
+            return Err("--links-topic must be 1-249 characters of [A-Za-z0-9._-]".into());
+        }
+        if !(1000..=3_600_000).contains(&self.kafka_message_timeout_ms) {
+            return Err("--kafka-message-timeout-ms must be between 1000 and 3600000".into());
+        }
         if self.memcached_pool == 0 || self.memcached_pool > 256 {
             return Err("--memcached-pool must be between 1 and 256".into());
         }
@@ -238,6 +261,11 @@ impl ServeConfig {
             return Err("--request-timeout-ms must be at least 10".into());
         }
         Ok(())
+    }
+
+    pub fn kafka_brokers(&self) -> Option<&str> {
+        let k = self.kafka.trim();
+        (!k.is_empty()).then_some(k)
     }
 
     pub fn memcached_addr(&self) -> Option<&str> {

@@ -10,6 +10,11 @@ use std::sync::Arc;
 use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
 
 pub trait EventSink: Send + Sync + 'static {
+    /// True if this sink drains the outbox: handlers then write an outbox row
+    /// `(ev.slug, ev.at_ms, ev.version)` before every change they announce.
+    fn uses_outbox(&self) -> bool {
+        false
+    }
     /// A link was created or changed state; called after the store accepted the change.
     fn link_changed(&self, ev: LinkEvent);
     /// A redirect was answered. Must return immediately.

@@ -11,6 +11,7 @@
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
 //! - [`events`]: the seam where link and click events leave the process.
+//! - [`relay`]: link events to Kafka through the outbox; the expiry scheduler.
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
 //! - [`clock`]: time as a dependency.
@@ -28,6 +29,7 @@ pub mod ids;
 pub mod memcache;
 pub mod metrics;
 pub mod redirect;
+pub mod relay;
 pub mod store;
 
 use std::sync::Arc;
@@ -44,4 +46,32 @@ pub async fn run(
     grace: Duration,
 ) {
     http::serve(listener, state, shutdown, grace).await
+}
+
+/// Chooses where link events go: through the outbox relay to Kafka when `--kafka` is set
+/// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
+pub fn event_sink(
+    cfg: &config::ServeConfig,
+    store: Arc<store::Store>,
+    metrics: Arc<metrics::Metrics>,
+    clock: Arc<dyn clock::Clock>,
+    shutdown: &CancellationToken,
+    background: &mut tokio::task::JoinSet<()>,
+) -> Result<Arc<dyn events::EventSink>, rdkafka::error::KafkaError> {
+    match cfg.kafka_brokers() {
+        Some(brokers) => {
+            let settings = relay::KafkaSettings {
+                brokers: brokers.to_string(),
+                links_topic: cfg.links_topic.clone(),
+                message_timeout: Duration::from_millis(cfg.kafka_message_timeout_ms),
+            };
+            let relay = relay::Relay::new(&settings, store, metrics, clock, &cfg.instance)?;
+            background.spawn(relay.clone().run(shutdown.clone()));
+            Ok(Arc::new(relay::KafkaSink { relay }))
+        }
+        None => {
+            tracing::warn!("no --kafka: link events are not published (no outbox)");
+            Ok(Arc::new(events::LogSink::new(metrics)))
+        }
+    }
 }

@@ -3,7 +3,6 @@ use clap::Parser;
 use primary::app::AppState;
 use primary::clock::{Clock, SystemClock};
 use primary::config::{Cli, Command, ServeConfig, StoreConfig};
-use primary::events::LogSink;
 use primary::metrics::Metrics;
 use primary::store::{self, Store};
 use primary::{auth, run};
@@ -68,8 +67,17 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signals();
     let store = Arc::new(connect_store(&cfg.store, Duration::from_secs(60)).await?);
     let metrics = Arc::new(Metrics::new());
-    let events = Arc::new(LogSink::new(metrics.clone()));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let mut background = tokio::task::JoinSet::new();
+    let events = primary::event_sink(
+        &cfg,
+        store.clone(),
+        metrics.clone(),
+        clock.clone(),
+        &shutdown,
+        &mut background,
+    )
+    .context("creating the Kafka producer")?;
     let state = AppState::new(&cfg, store, events, metrics, clock).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -82,6 +90,8 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         Duration::from_secs(cfg.shutdown_grace_s),
     )
     .await;
+    // The relay finishes its pass and flushes its producer on the way out.
+    while background.join_next().await.is_some() {}
     tracing::info!("primary stopped");
     Ok(())
 }

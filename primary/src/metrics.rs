@@ -23,6 +23,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Click events dropped because the click queue was full.
     pub clicks_dropped: IntCounter,
+    /// Kafka publish failures (the outbox keeps the event for a retry).
+    pub publish_errors: IntCounter,
 }
 
 impl Metrics {
@@ -76,8 +78,14 @@ impl Metrics {
             "Click events dropped because the queue was full",
         )
         .expect("valid metric");
+        let publish_errors = IntCounter::new(
+            "publish_errors_total",
+            "Kafka publish failures (retried from the outbox)",
+        )
+        .expect("valid metric");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(requests.clone()),
             Box::new(redirect_seconds.clone()),
             Box::new(lookups.clone()),
             Box::new(store_reads.clone()),
@@ -98,6 +106,7 @@ impl Metrics {
             memcached_errors,
             events,
             clicks_dropped,
+            publish_errors,
         }
     }
 

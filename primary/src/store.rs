@@ -116,6 +116,56 @@ struct Statements {
     get_key: PreparedStatement,
     insert_key: PreparedStatement,
     ping: PreparedStatement,
+    outbox_add: PreparedStatement,
+    outbox_scan: PreparedStatement,
+    outbox_delete: PreparedStatement,
+    lease_take: PreparedStatement,
+    lease_renew: PreparedStatement,
+    expiry_add: PreparedStatement,
+    expiry_scan: PreparedStatement,
+    cursor_get: PreparedStatement,
+    cursor_init: PreparedStatement,
+    cursor_set: PreparedStatement,
+    scan_links: PreparedStatement,
+    replica_get: PreparedStatement,
+    replica_init: PreparedStatement,
+    replica_bump: PreparedStatement,
+}
+
+/// Number of outbox partitions; the slug picks one.
+pub const OUTBOX_SHARDS: i32 = 16;
+
+pub fn outbox_shard(slug: &str) -> i32 {
+    // FNV-1a: stable across processes and versions (unlike std's hasher).
+    let h = slug.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (h % OUTBOX_SHARDS as u64) as i32
+}
+
+/// One pending `links` event: "slug changed at at_ms to version".
+#[derive(Debug, Clone, PartialEq, Eq, DeserializeRow)]
+pub struct OutboxRow {
+    pub shard: i32,
+    pub at_ms: i64,
+    pub slug: String,
+    pub version: i64,
+}
+
+impl OutboxRow {
+    pub fn new(slug: &str, at_ms: i64, version: i64) -> Self {
+        OutboxRow {
+            shard: outbox_shard(slug),
+            at_ms,
+            slug: slug.to_string(),
+            version,
+        }
+    }
+}
+
+/// Expiry buckets are hours since the epoch.
+pub fn expiry_bucket(ms: i64) -> i64 {
+    ms.div_euclid(3_600_000)
 }
 
 pub struct Store {
@@ -170,6 +220,19 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
     }
     session
         .await_schema_agreement()
+        .await
+        .map_err(unavailable)?;
+    // The expiry scheduler starts at the hour the schema was created: every expiry ever
+    // written lies after it.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    session
+        .query_unpaged(
+            "INSERT INTO cursors (name, position) VALUES ('expiry', ?) IF NOT EXISTS",
+            (expiry_bucket(now_ms),),
+        )
         .await
         .map_err(unavailable)?;
     Ok(())
@@ -268,6 +331,79 @@ impl Store {
             )
             .await?,
             ping: prep("SELECT release_version FROM system.local".into(), true, false).await?,
+            outbox_add: prep(
+                "INSERT INTO outbox (shard, at_ms, slug, version) VALUES (?, ?, ?, ?)".into(),
+                true,
+                false,
+            )
+            .await?,
+            outbox_scan: prep(
+                "SELECT shard, at_ms, slug, version FROM outbox WHERE shard = ? AND at_ms < ? LIMIT ?".into(),
+                true,
+                false,
+            )
+            .await?,
+            outbox_delete: prep(
+                "DELETE FROM outbox WHERE shard = ? AND at_ms = ? AND slug = ? AND version = ?".into(),
+                true,
+                false,
+            )
+            .await?,
+            lease_take: prep(
+                "INSERT INTO leases (name, holder) VALUES (?, ?) IF NOT EXISTS USING TTL ?".into(),
+                false,
+                false,
+            )
+            .await?,
+            lease_renew: prep(
+                "UPDATE leases USING TTL ? SET holder = ? WHERE name = ? IF holder = ?".into(),
+                false,
+                false,
+            )
+            .await?,
+            expiry_add: prep(
+                "INSERT INTO expiries (bucket, expires_at, slug) VALUES (?, ?, ?)".into(),
+                true,
+                false,
+            )
+            .await?,
+            expiry_scan: prep(
+                "SELECT expires_at, slug FROM expiries WHERE bucket = ? AND expires_at <= ?".into(),
+                true,
+                false,
+            )
+            .await?,
+            cursor_get: prep("SELECT position FROM cursors WHERE name = ?".into(), true, false).await?,
+            cursor_init: prep(
+                "INSERT INTO cursors (name, position) VALUES (?, ?) IF NOT EXISTS".into(),
+                false,
+                false,
+            )
+            .await?,
+            cursor_set: prep("UPDATE cursors SET position = ? WHERE name = ?".into(), true, false).await?,
+            scan_links: {
+                let mut p = prep(
+                    format!("SELECT {LINK_COLUMNS} FROM links WHERE token(slug) >= ? AND token(slug) <= ?"),
+                    true,
+                    false,
+                )
+                .await?;
+                p.set_page_size(500);
+                p
+            },
+            replica_get: prep("SELECT version FROM replica_versions WHERE slug = ?".into(), true, false).await?,
+            replica_init: prep(
+                "INSERT INTO replica_versions (slug, version) VALUES (?, ?) IF NOT EXISTS".into(),
+                false,
+                false,
+            )
+            .await?,
+            replica_bump: prep(
+                "UPDATE replica_versions SET version = ? WHERE slug = ? IF version < ?".into(),
+                false,
+                false,
+            )
+            .await?,
         };
         Ok(Store { session, st })
     }
@@ -459,12 +595,223 @@ impl Store {
     }
 }
 
+impl Store {
+    pub async fn outbox_add(&self, row: &OutboxRow) -> Result<(), StoreError> {
+        let v = (row.shard, row.at_ms, &row.slug, row.version);
+        self.session
+            .execute_unpaged(&self.st.outbox_add, v)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Rows of one shard written before `before_ms`, oldest first.
+    pub async fn outbox_scan(
+        &self,
+        shard: i32,
+        before_ms: i64,
+        limit: i32,
+    ) -> Result<Vec<OutboxRow>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.outbox_scan, (shard, before_ms, limit))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        let it = rows
+            .rows::<OutboxRow>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        it.collect::<Result<_, _>>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    pub async fn outbox_delete(&self, row: &OutboxRow) -> Result<(), StoreError> {
+        let v = (row.shard, row.at_ms, &row.slug, row.version);
+        self.session
+            .execute_unpaged(&self.st.outbox_delete, v)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Takes or renews the lease `name` for `ttl_s` seconds. True while `holder` holds it.
+    pub async fn lease(&self, name: &str, holder: &str, ttl_s: i32) -> Result<bool, StoreError> {
+        let renewed = self
+            .session
+            .execute_unpaged(&self.st.lease_renew, (ttl_s, holder, name, holder))
+            .await;
+        if applied(renewed.map_err(unavailable)?)? {
+            return Ok(true);
+        }
+        let taken = self
+            .session
+            .execute_unpaged(&self.st.lease_take, (name, holder, ttl_s))
+            .await;
+        applied(taken.map_err(unavailable)?)
+    }
+
+    pub async fn expiry_add(&self, slug: &str, expires_at_ms: i64) -> Result<(), StoreError> {
+        let v = (
+            expiry_bucket(expires_at_ms),
+            CqlTimestamp(expires_at_ms),
+            slug,
+        );
+        self.session
+            .execute_unpaged(&self.st.expiry_add, v)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// (expires_at_ms, slug) of the links in `bucket` that expire at or before `until_ms`.
+    pub async fn expiry_scan(
+        &self,
+        bucket: i64,
+        until_ms: i64,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.expiry_scan, (bucket, CqlTimestamp(until_ms)))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        let it = rows
+            .rows::<(CqlTimestamp, String)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        it.map(|r| r.map(|(t, s)| (t.0, s)))
+            .collect::<Result<_, _>>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
+    }
+
+    /// The cursor's position, created at `initial` if it does not exist yet.
+    pub async fn cursor(&self, name: &str, initial: i64) -> Result<i64, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.cursor_get, (name,))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        if let Some((p,)) = rows
+            .maybe_first_row::<(i64,)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+        {
+            return Ok(p);
+        }
+        self.session
+            .execute_unpaged(&self.st.cursor_init, (name, initial))
+            .await
+            .map_err(unavailable)?;
+        let res = self
+            .session
+            .execute_unpaged(&self.st.cursor_get, (name,))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        Ok(rows
+            .first_row::<(i64,)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+            .0)
+    }
+
+    pub async fn cursor_set(&self, name: &str, position: i64) -> Result<(), StoreError> {
+        self.session
+            .execute_unpaged(&self.st.cursor_set, (position, name))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+}
+
+/// A position in a token-range scan of `links`.
+pub type ScanPage = scylla::response::PagingState;
+
+impl Store {
+    /// One page (≤ 500 links) of the links whose partition token lies in `[from, to]`, and the
+    /// position of the next page if there is one. Memory stays bounded by the page size.
+    pub async fn scan_links(
+        &self,
+        from: i64,
+        to: i64,
+        page: ScanPage,
+    ) -> Result<(Vec<Link>, Option<ScanPage>), StoreError> {
+        let (res, next) = self
+            .session
+            .execute_single_page(&self.st.scan_links, (from, to), page)
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        let links = rows
+            .rows::<LinkRow>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+            .map(|r| {
+                r.map_err(|e| StoreError::Corrupt(e.to_string()))
+                    .and_then(Link::try_from)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = match next.into_paging_control_flow() {
+            std::ops::ControlFlow::Continue(p) => Some(p),
+            std::ops::ControlFlow::Break(()) => None,
+        };
+        Ok((links, next))
+    }
+
+    /// The newest link version the replicator applied to S3 for `slug` (0: none).
+    pub async fn replica_version(&self, slug: &str) -> Result<i64, StoreError> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.replica_get, (slug,))
+            .await
+            .map_err(unavailable)?;
+        let rows = res.into_rows_result().map_err(unavailable)?;
+        let row = rows
+            .maybe_first_row::<(i64,)>()
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(row.map_or(0, |(v,)| v))
+    }
+
+    /// Records that `version` of `slug` is in S3, unless a newer version already is.
+    pub async fn replica_version_set(&self, slug: &str, version: i64) -> Result<(), StoreError> {
+        let bumped = self
+            .session
+            .execute_unpaged(&self.st.replica_bump, (version, slug, version))
+            .await;
+        if applied(bumped.map_err(unavailable)?)? {
+            return Ok(());
+        }
+        // Not applied: either a newer version is recorded (fine) or there is no row yet.
+        let init = self
+            .session
+            .execute_unpaged(&self.st.replica_init, (slug, version))
+            .await;
+        if applied(init.map_err(unavailable)?)? {
+            return Ok(());
+        }
+        // Someone created the row meanwhile: one more conditional bump settles it.
+        let bumped = self
+            .session
+            .execute_unpaged(&self.st.replica_bump, (version, slug, version))
+            .await;
+        applied(bumped.map_err(unavailable)?)?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
+    fn outbox_shards_are_stable_and_in_range() {
+        assert_eq!(super::outbox_shard("abc"), super::outbox_shard("abc"));
+        assert!((0..super::OUTBOX_SHARDS).contains(&super::outbox_shard("zzzzzzz")));
+        let used: std::collections::HashSet<_> = (0..200)
+            .map(|i| super::outbox_shard(&format!("s{i}")))
+            .collect();
+        assert_eq!(used.len(), super::OUTBOX_SHARDS as usize);
+    }
+
+    #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 4);
+        assert_eq!(stmts.len(), 9);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -19,6 +19,11 @@ use zlink_wire::events::{ClickEvent, LinkEvent};
 pub struct Infra {
     pub cql: String,
     pub memcached: String,
+    pub kafka: String,
+    pub s3_endpoint: String,
+    pub s3_bucket: String,
+    pub s3_access_key: String,
+    pub s3_secret_key: String,
 }
 
 impl Infra {
@@ -31,6 +36,11 @@ impl Infra {
         Infra {
             cql: get("ZLINK_TEST_CQL"),
             memcached: get("ZLINK_TEST_MEMCACHED"),
+            kafka: get("ZLINK_TEST_KAFKA"),
+            s3_endpoint: get("ZLINK_TEST_S3_ENDPOINT"),
+            s3_bucket: get("ZLINK_TEST_S3_BUCKET"),
+            s3_access_key: get("ZLINK_TEST_S3_ACCESS_KEY"),
+            s3_secret_key: get("ZLINK_TEST_S3_SECRET_KEY"),
         }
     }
 
@@ -72,9 +82,11 @@ pub struct PrimaryHandle {
     pub base: String,
     pub keyspace: String,
     pub state: Arc<AppState>,
+    /// Events seen, when the primary runs without Kafka.
     pub events: Arc<RecordingSink>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    background: tokio::task::JoinSet<()>,
 }
 
 impl PrimaryHandle {
@@ -83,9 +95,10 @@ impl PrimaryHandle {
     }
 
     /// Graceful stop: waits for the server task to drain and return.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.shutdown.cancel();
         let _ = self.task.await;
+        while self.background.join_next().await.is_some() {}
     }
 }
 
@@ -122,16 +135,25 @@ pub async fn spawn_primary(
     };
     cfg.validate().expect("valid config");
     let store = Arc::new(Store::connect(&cfg.store).await.expect("store reachable"));
-    let events = Arc::new(RecordingSink::default());
-    let state = AppState::new(
-        &cfg,
-        store,
-        events.clone(),
-        Arc::new(Metrics::new()),
-        clock.unwrap_or_else(|| Arc::new(SystemClock)),
-    )
-    .expect("state");
+    let recording = Arc::new(RecordingSink::default());
+    let metrics = Arc::new(Metrics::new());
+    let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
     let shutdown = CancellationToken::new();
+    let mut background = tokio::task::JoinSet::new();
+    let events: Arc<dyn EventSink> = if cfg.kafka_brokers().is_some() {
+        primary::event_sink(
+            &cfg,
+            store.clone(),
+            metrics.clone(),
+            clock.clone(),
+            &shutdown,
+            &mut background,
+        )
+        .expect("kafka producer")
+    } else {
+        recording.clone()
+    };
+    let state = AppState::new(&cfg, store, events, metrics, clock).expect("state");
     let task = tokio::spawn(primary::run(
         listener,
         state.clone(),
@@ -142,9 +164,220 @@ pub async fn spawn_primary(
         base,
         keyspace: keyspace.to_string(),
         state,
-        events,
+        events: recording,
         shutdown,
         task,
+        background,
+    }
+}
+
+/// Per-test names: topics, consumer group and S3 prefix derived from the keyspace.
+pub struct Names {
+    pub links_topic: String,
+    pub dlq_topic: String,
+    pub group: String,
+    pub s3_prefix: String,
+}
+
+pub fn names(keyspace: &str) -> Names {
+    Names {
+        links_topic: format!("links-{keyspace}"),
+        dlq_topic: format!("dlq-{keyspace}"),
+        group: format!("g-{keyspace}"),
+        s3_prefix: format!("{keyspace}/"),
+    }
+}
+
+/// Creates the test's own topics on `brokers`.
+pub async fn create_topics(brokers: &str, topics: &[(&str, i32)]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+        rdkafka::config::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .expect("admin client");
+    let new: Vec<_> = topics
+        .iter()
+        .map(|(t, p)| NewTopic::new(t, *p, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for r in admin
+        .create_topics(&new, &opts)
+        .await
+        .expect("create topics")
+    {
+        match r {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => panic!("creating topic {t}: {e}"),
+        }
+    }
+}
+
+impl Infra {
+    pub fn s3_config(&self, prefix: &str) -> replicator::s3::S3Config {
+        replicator::s3::S3Config {
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_bucket: self.s3_bucket.clone(),
+            s3_prefix: prefix.to_string(),
+            s3_region: "us-east-1".into(),
+            s3_access_key: self.s3_access_key.clone(),
+            s3_secret_key: primary::config::Secret(self.s3_secret_key.clone()),
+            blob_cache_control: "public, max-age=300".into(),
+            s3_timeout_ms: 5000,
+        }
+    }
+
+    /// The unsigned URL of a slug's blob (what nginx and lastresort read).
+    pub fn blob_url(&self, prefix: &str, slug: &str) -> String {
+        format!("{}/{}/{prefix}{slug}", self.s3_endpoint, self.s3_bucket)
+    }
+
+    pub fn env_for_services(&self, keyspace: &str, brokers: &str) -> Vec<(String, String)> {
+        let n = names(keyspace);
+        [
+            ("ZLINK_CQL_NODES", self.cql.as_str()),
+            ("ZLINK_KEYSPACE", keyspace),
+            ("ZLINK_KAFKA", brokers),
+            ("ZLINK_LINKS_TOPIC", &n.links_topic),
+            ("ZLINK_LINKS_DLQ_TOPIC", &n.dlq_topic),
+            ("ZLINK_REPLICATOR_GROUP", &n.group),
+            ("ZLINK_S3_ENDPOINT", &self.s3_endpoint),
+            ("ZLINK_S3_BUCKET", &self.s3_bucket),
+            ("ZLINK_S3_PREFIX", &n.s3_prefix),
+            ("ZLINK_S3_ACCESS_KEY", &self.s3_access_key),
+            ("ZLINK_S3_SECRET_KEY", &self.s3_secret_key),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+}
+
+/// A replicator running in-process over the test's topic, group, keyspace and prefix.
+pub struct ReplicatorHandle {
+    pub metrics: Arc<replicator::metrics::Metrics>,
+    pub s3: Arc<replicator::s3::S3Store>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplicatorHandle {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> ReplicatorHandle {
+    let n = names(keyspace);
+    let metrics = Arc::new(replicator::metrics::Metrics::new());
+    let s3 = Arc::new(replicator::s3::S3Store::new(&infra.s3_config(&n.s3_prefix)));
+    let applier = Arc::new(replicator::apply::Applier {
+        s3: s3.clone(),
+        store: Arc::new(
+            Store::connect(&infra.store_config(keyspace))
+                .await
+                .expect("store"),
+        ),
+        metrics: metrics.clone(),
+        clock: Arc::new(SystemClock),
+    });
+    let kafka = replicator::consumer::KafkaConfig {
+        kafka: brokers.to_string(),
+        group_id: n.group,
+        links_topic: n.links_topic,
+        dlq_topic: n.dlq_topic,
+    };
+    let pipeline = replicator::consumer::Pipeline::new(&kafka, applier.clone(), metrics.clone())
+        .expect("pipeline");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(replicator::run(
+        listener,
+        pipeline,
+        applier,
+        shutdown.clone(),
+    ));
+    ReplicatorHandle {
+        metrics,
+        s3,
+        shutdown,
+        task,
+    }
+}
+
+/// The release binaries `deploy/local/test` built.
+pub fn bin(name: &str) -> std::path::PathBuf {
+    let dir =
+        std::env::var("ZLINK_TEST_BIN_DIR").expect("ZLINK_TEST_BIN_DIR (set by deploy/local/test)");
+    std::path::Path::new(&dir).join(name)
+}
+
+/// The repository root (for deploy/local scripts).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A Kafka broker of the test's own, started and stopped through deploy/local/lib.sh.
+pub struct OwnKafka {
+    pub brokers: String,
+    run_dir: tempdir::Dir,
+    port_base: u16,
+}
+
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl OwnKafka {
+    fn lib(&self, action: &str) -> bool {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("source deploy/local/lib.sh && {action}"))
+            .current_dir(repo_root())
+            .env("ZLINK_RUN", &self.run_dir.0)
+            .env("ZLINK_PORT_BASE", self.port_base.to_string())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    pub async fn start(port_base: u16) -> OwnKafka {
+        let dir =
+            std::env::temp_dir().join(format!("zlink-kafka-{}", uuid::Uuid::new_v4().simple()));
+        let k = OwnKafka {
+            brokers: format!("127.0.0.1:{}", port_base + 92),
+            run_dir: tempdir::Dir(dir),
+            port_base,
+        };
+        k.up().await;
+        k
+    }
+
+    pub async fn up(&self) {
+        let ok = tokio::task::block_in_place(|| self.lib("zl_start kafka && zl_wait_ready kafka"));
+        assert!(ok, "private kafka did not start");
+    }
+
+    pub async fn stop(&self) {
+        let ok = tokio::task::block_in_place(|| self.lib("zl_stop kafka 20"));
+        assert!(ok, "private kafka did not stop");
+    }
+}
+
+impl Drop for OwnKafka {
+    fn drop(&mut self) {
+        self.lib("zl_kill kafka");
     }
 }
 

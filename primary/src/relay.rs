@@ -1,0 +1,265 @@
+//! Link events to Kafka, with the outbox guarantee: once a change returned to the client, its
+//! event reaches the `links` topic eventually, whatever crashes or Kafka outages happen.
+//!
+//! Every change writes an outbox row `(slug, at_ms, version)` *before* the store change (see
+//! `api`), then hands the resulting event here:
+//! - **fast path**: publish the event (idempotent producer, acks=all, keyed by slug) and delete
+//!   the row once Kafka acknowledged it — milliseconds after the change in normal operation;
+//! - **sweeper** (one instance at a time, under a lease): every second, rows older than
+//!   [`SWEEP_AFTER_MS`] — left by a crash, a Kafka outage or a slow fast path — are
+//!   republished from the link's *current* state in the store (a SERIAL read). A row whose
+//!   change never happened (the link is missing or older than the row's version) is kept for
+//!   [`ABANDON_AFTER_MS`] in case the change is still in flight, then dropped.
+//!
+//! Duplicates are possible (fast path and sweeper overlapping, retries after a lost ack) and
+//! harmless: events carry the link version and the replicator applies only newer versions.
+//! The same leased loop runs the expiry scheduler.
+
+use crate::api::link_event;
+use crate::clock::Clock;
+use crate::events::{kind_label, EventSink};
+use crate::metrics::Metrics;
+use crate::store::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
+use zlink_wire::LinkStatus;
+
+/// The sweeper leaves younger rows to the fast path.
+pub const SWEEP_AFTER_MS: i64 = 2_000;
+/// A row whose change is not in the store after this long never happened.
+pub const ABANDON_AFTER_MS: i64 = 30_000;
+const LEASE: &str = "outbox-relay";
+const LEASE_TTL_S: i32 = 10;
+const SWEEP_BATCH: i32 = 500;
+
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub links_topic: String,
+    /// How long the producer keeps retrying one message before reporting failure.
+    pub message_timeout: Duration,
+}
+
+pub struct Relay {
+    producer: FutureProducer,
+    topic: String,
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    /// This instance's lease identity.
+    holder: String,
+}
+
+impl Relay {
+    pub fn new(
+        k: &KafkaSettings,
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+        instance: &str,
+    ) -> Result<Arc<Self>, KafkaError> {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &k.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                k.message_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", "2")
+            .set("client.id", format!("zlink-{instance}"))
+            .create()?;
+        Ok(Arc::new(Relay {
+            producer,
+            topic: k.links_topic.clone(),
+            store,
+            metrics,
+            clock,
+            holder: format!("{instance}-{}", uuid::Uuid::new_v4().simple()),
+        }))
+    }
+
+    async fn publish(&self, ev: &LinkEvent) -> Result<(), KafkaError> {
+        // A plain struct of strings and numbers: serialisation cannot fail.
+        let payload = serde_json::to_vec(ev).unwrap_or_default();
+        let record = FutureRecord::to(&self.topic)
+            .key(ev.slug.as_bytes())
+            .payload(&payload);
+        match self.producer.send(record, Duration::from_secs(5)).await {
+            Ok(_) => {
+                self.metrics
+                    .events
+                    .with_label_values(&["links", kind_label(ev.kind)])
+                    .inc();
+                Ok(())
+            }
+            Err((e, _)) => {
+                self.metrics.publish_errors.inc();
+                Err(e)
+            }
+        }
+    }
+
+    /// Publishes, then deletes the outbox row the handler wrote for this change.
+    async fn publish_and_clear(&self, ev: &LinkEvent, row: &OutboxRow) -> Result<(), String> {
+        self.publish(ev)
+            .await
+            .map_err(|e| format!("publish: {e}"))?;
+        self.store
+            .outbox_delete(row)
+            .await
+            .map_err(|e| format!("outbox delete: {e}"))
+    }
+
+    /// The sweeper's decision for one outbox row.
+    async fn sweep_row(&self, row: &OutboxRow, now: i64) -> Result<(), StoreError> {
+        match self.store.get_link_serial(&row.slug).await? {
+            Some(link) if link.version >= row.version => {
+                let ev = link_event(current_kind(&link), &link, now);
+                if let Err(e) = self.publish_and_clear(&ev, row).await {
+                    tracing::warn!(slug = %row.slug, error = %e, "outbox sweep: publish failed; will retry");
+                }
+            }
+            _ if row.at_ms < now - ABANDON_AFTER_MS => {
+                tracing::info!(slug = %row.slug, version = row.version, "outbox row for a change that never happened; dropping");
+                self.store.outbox_delete(row).await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn sweep(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now_ms();
+        let mut seen = 0;
+        for shard in 0..OUTBOX_SHARDS {
+            let rows = self
+                .store
+                .outbox_scan(shard, now - SWEEP_AFTER_MS, SWEEP_BATCH)
+                .await?;
+            seen += rows.len();
+            for row in &rows {
+                self.sweep_row(row, now).await?;
+            }
+        }
+        Ok(seen)
+    }
+
+    /// Moves every ACTIVE link whose expiry has passed to EXPIRED (and announces it). Scans the
+    /// hour buckets from the durable cursor up to now; a bucket entirely in the past is done.
+    async fn expire_due(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let now = self.clock.now_ms();
+        let current = expiry_bucket(now);
+        let mut bucket = self.store.cursor("expiry", current).await?;
+        let mut expired = 0;
+        while bucket <= current {
+            for (exp, slug) in self.store.expiry_scan(bucket, now).await? {
+                let Some(link) = self.store.get_link_serial(&slug).await? else {
+                    continue;
+                };
+                if link.status != LinkStatus::Active || link.expires_at_ms != Some(exp) {
+                    continue;
+                }
+                let row = OutboxRow::new(&slug, now, link.version + 1);
+                self.store.outbox_add(&row).await?;
+                if self
+                    .store
+                    .transition(&slug, LinkStatus::Active, link.version, LinkStatus::Expired)
+                    .await?
+                {
+                    let updated = Link {
+                        status: LinkStatus::Expired,
+                        version: link.version + 1,
+                        ..link
+                    };
+                    self.spawn_fast_path(link_event(LinkEventKind::Expired, &updated, now), row);
+                    expired += 1;
+                }
+            }
+            if bucket < current {
+                self.store.cursor_set("expiry", bucket + 1).await?;
+            }
+            bucket += 1;
+        }
+        Ok(expired)
+    }
+
+    fn spawn_fast_path(self: &Arc<Self>, ev: LinkEvent, row: OutboxRow) {
+        let relay = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = relay.publish_and_clear(&ev, &row).await {
+                // The row stays; the sweeper republishes it.
+                tracing::warn!(slug = %ev.slug, version = ev.version, error = %e, "link event not published yet");
+            }
+        });
+    }
+
+    /// The leased background loop: sweeper and expiry scheduler, once a second, until shutdown;
+    /// then flushes the producer.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            match self.store.lease(LEASE, &self.holder, LEASE_TTL_S).await {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay lease unavailable");
+                    continue;
+                }
+            }
+            if let Err(e) = self.sweep().await {
+                tracing::warn!(error = %e, "outbox sweep failed");
+            }
+            match self.expire_due().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(expired = n, "links expired"),
+                Err(e) => tracing::warn!(error = %e, "expiry pass failed"),
+            }
+        }
+        // In-flight fast paths finish or leave their rows for the next sweeper.
+        let _ = self.producer.flush(Duration::from_secs(5));
+    }
+}
+
+fn current_kind(link: &Link) -> LinkEventKind {
+    match link.status {
+        LinkStatus::Active if link.version == 1 => LinkEventKind::Created,
+        LinkStatus::Active => LinkEventKind::Enabled,
+        LinkStatus::Disabled => LinkEventKind::Disabled,
+        LinkStatus::Expired => LinkEventKind::Expired,
+    }
+}
+
+/// The [`EventSink`] that publishes link events through the relay.
+pub struct KafkaSink {
+    pub relay: Arc<Relay>,
+}
+
+impl EventSink for KafkaSink {
+    fn link_changed(&self, ev: LinkEvent) {
+        let row = OutboxRow::new(&ev.slug, ev.at_ms, ev.version);
+        self.relay.spawn_fast_path(ev, row);
+    }
+
+    fn uses_outbox(&self) -> bool {
+        true
+    }
+
+    fn clicked(&self, _ev: ClickEvent) {
+        // Clicks go to Kafka with the click-analytics work; counted here meanwhile.
+        self.relay
+            .metrics
+            .events
+            .with_label_values(&["clicks", "click"])
+            .inc();
+    }
+}

@@ -1,0 +1,272 @@
+//! One link event → S3. The version guard makes this idempotent and order-proof: an event
+//! whose version is not newer than the one recorded in `replica_versions` is skipped, so a
+//! replay or a reordered duplicate can never resurrect a disabled link. The recorded version is
+//! written only after S3 confirmed, so a crash in between just repeats the (idempotent) write.
+
+use crate::metrics::Metrics;
+use crate::s3::{S3Error, S3Store};
+use primary::clock::Clock;
+use primary::store::Store;
+use rand::Rng;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use zlink_wire::blob::Blob;
+use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
+use zlink_wire::{link, longurl, slug, LinkStatus};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Put,
+    Deleted,
+    Skipped,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Put => "put",
+            Outcome::Deleted => "delete",
+            Outcome::Skipped => "skipped",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Can never be applied: goes to the dead-letter topic.
+    #[error("{0}")]
+    Permanent(String),
+    /// Shutdown arrived while retrying; the event was not applied and its offset not stored.
+    #[error("cancelled")]
+    Cancelled,
+}
+
+/// Decodes and checks an event from the wire; anything odd is permanent.
+pub fn decode(payload: Option<&[u8]>) -> Result<LinkEvent, ApplyError> {
+    let bad = |m: &str| ApplyError::Permanent(m.to_string());
+    let ev: LinkEvent = serde_json::from_slice(payload.ok_or_else(|| bad("empty message"))?)
+        .map_err(|e| ApplyError::Permanent(format!("not a link event: {e}")))?;
+    if ev.schema != LINK_EVENT_SCHEMA {
+        return Err(bad("unknown event schema"));
+    }
+    if !slug::is_valid_slug(&ev.slug) {
+        return Err(bad("invalid slug"));
+    }
+    if longurl::normalize(&ev.url).as_deref() != Ok(ev.url.as_str()) {
+        return Err(bad("url is not a valid normalised URL"));
+    }
+    if !link::is_redirect_code(ev.redirect_code) || ev.version < 1 {
+        return Err(bad("invalid redirect code or version"));
+    }
+    Ok(ev)
+}
+
+/// What S3 should hold for this event: the blob, or nothing.
+pub fn desired(ev: &LinkEvent, now_ms: i64) -> Option<Blob> {
+    blob_if_live(
+        ev.status,
+        &ev.url,
+        ev.redirect_code,
+        ev.version,
+        ev.expires_at_ms,
+        now_ms,
+    )
+}
+
+/// What S3 should hold for a link as stored: the same rule as for events.
+pub fn desired_for_link(l: &primary::store::Link, now_ms: i64) -> Option<Blob> {
+    blob_if_live(
+        l.status,
+        &l.url,
+        l.redirect_code,
+        l.version,
+        l.expires_at_ms,
+        now_ms,
+    )
+}
+
+fn blob_if_live(
+    status: LinkStatus,
+    url: &str,
+    code: u16,
+    version: i64,
+    exp: Option<i64>,
+    now_ms: i64,
+) -> Option<Blob> {
+    let live = status == LinkStatus::Active && exp.is_none_or(|e| e > now_ms);
+    live.then(|| Blob {
+        url: url.to_string(),
+        code,
+        version,
+        expires_at_ms: exp,
+    })
+}
+
+enum Failure {
+    Transient(String),
+    Permanent(String),
+}
+
+impl From<S3Error> for Failure {
+    fn from(e: S3Error) -> Self {
+        match e {
+            S3Error::Transient(m) => Failure::Transient(m),
+            S3Error::Permanent(m) => Failure::Permanent(m),
+        }
+    }
+}
+
+impl From<primary::store::StoreError> for Failure {
+    fn from(e: primary::store::StoreError) -> Self {
+        Failure::Transient(e.to_string())
+    }
+}
+
+pub struct Applier {
+    pub s3: Arc<S3Store>,
+    pub store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+}
+
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+impl Applier {
+    /// Retries transient failures with exponential backoff and equal jitter until success,
+    /// a permanent failure, or shutdown.
+    async fn retry<T, F, Fut>(
+        &self,
+        what: &str,
+        shutdown: &CancellationToken,
+        mut op: F,
+    ) -> Result<T, ApplyError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let mut delay = BACKOFF_START;
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(Failure::Permanent(m)) => {
+                    self.metrics
+                        .s3_failures
+                        .with_label_values(&["permanent"])
+                        .inc();
+                    return Err(ApplyError::Permanent(format!("{what}: {m}")));
+                }
+                Err(Failure::Transient(m)) => {
+                    self.metrics
+                        .s3_failures
+                        .with_label_values(&["transient"])
+                        .inc();
+                    let half = delay.as_millis() as u64 / 2;
+                    let sleep = Duration::from_millis(half + rand::rng().random_range(0..=half));
+                    tracing::warn!(what, error = %m, retry_in_ms = sleep.as_millis() as u64, "transient failure");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Err(ApplyError::Cancelled),
+                        _ = tokio::time::sleep(sleep) => {}
+                    }
+                    delay = (delay * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    pub async fn apply(
+        &self,
+        ev: &LinkEvent,
+        shutdown: &CancellationToken,
+    ) -> Result<Outcome, ApplyError> {
+        let recorded = self
+            .retry("read replica version", shutdown, || async {
+                Ok(self.store.replica_version(&ev.slug).await?)
+            })
+            .await?;
+        if ev.version <= recorded {
+            return Ok(Outcome::Skipped);
+        }
+        let outcome = match desired(ev, self.clock.now_ms()) {
+            Some(blob) => {
+                self.retry("put blob", shutdown, || async {
+                    Ok(self.s3.put(&ev.slug, &blob).await?)
+                })
+                .await?;
+                Outcome::Put
+            }
+            None => {
+                self.retry("delete blob", shutdown, || async {
+                    Ok(self.s3.delete(&ev.slug).await?)
+                })
+                .await?;
+                Outcome::Deleted
+            }
+        };
+        self.retry("record replica version", shutdown, || async {
+            Ok(self.store.replica_version_set(&ev.slug, ev.version).await?)
+        })
+        .await?;
+        if ev.kind == LinkEventKind::Created && outcome == Outcome::Put {
+            let secs = (self.clock.now_ms() - ev.at_ms).max(0) as f64 / 1000.0;
+            self.metrics.create_to_s3_seconds.observe(secs);
+        }
+        Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(status: LinkStatus, exp: Option<i64>) -> LinkEvent {
+        LinkEvent {
+            schema: LINK_EVENT_SCHEMA,
+            kind: LinkEventKind::Created,
+            slug: "abc".into(),
+            url: "https://e.com/".into(),
+            status,
+            version: 1,
+            redirect_code: 302,
+            created_at_ms: 0,
+            expires_at_ms: exp,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn only_active_unexpired_links_have_a_blob() {
+        assert!(desired(&ev(LinkStatus::Active, None), 10).is_some());
+        assert!(desired(&ev(LinkStatus::Active, Some(11)), 10).is_some());
+        assert!(desired(&ev(LinkStatus::Active, Some(10)), 10).is_none());
+        assert!(desired(&ev(LinkStatus::Disabled, None), 10).is_none());
+        assert!(desired(&ev(LinkStatus::Expired, None), 10).is_none());
+    }
+
+    #[test]
+    fn malformed_events_are_permanent_failures() {
+        let good = serde_json::to_vec(&ev(LinkStatus::Active, None)).unwrap();
+        assert!(decode(Some(&good)).is_ok());
+        for bad in [
+            &b"not json"[..],
+            br#"{"schema":1}"#,
+            &String::from_utf8(good.clone())
+                .unwrap()
+                .replace("\"abc\"", "\"../x\"")
+                .into_bytes(),
+            &String::from_utf8(good.clone())
+                .unwrap()
+                .replace("https://e.com/", "javascript:alert(1)")
+                .into_bytes(),
+            &String::from_utf8(good.clone())
+                .unwrap()
+                .replace("\"schema\":1", "\"schema\":9")
+                .into_bytes(),
+        ] {
+            assert!(matches!(decode(Some(bad)), Err(ApplyError::Permanent(_))));
+        }
+        assert!(decode(None).is_err());
+    }
+}

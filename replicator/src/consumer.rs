@@ -1,0 +1,245 @@
+//! The `links` consumer group: one worker per partition (so one slug's events stay in order),
+//! offsets stored only after S3 confirmed (librdkafka auto-commits stored offsets), events that
+//! can never apply go to the dead-letter topic and the partition keeps moving.
+
+use crate::apply::{decode, Applier, ApplyError};
+use crate::metrics::Metrics;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct KafkaConfig {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ZLINK_KAFKA", default_value = "127.0.0.1:9092")]
+    pub kafka: String,
+    /// Consumer group of all replicator instances.
+    #[arg(
+        long,
+        env = "ZLINK_REPLICATOR_GROUP",
+        default_value = "zlink-replicator"
+    )]
+    pub group_id: String,
+    #[arg(long, env = "ZLINK_LINKS_TOPIC", default_value = "links")]
+    pub links_topic: String,
+    /// Where events that can never be applied go.
+    #[arg(long, env = "ZLINK_LINKS_DLQ_TOPIC", default_value = "links-dlq")]
+    pub dlq_topic: String,
+}
+
+impl KafkaConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        use primary::config::is_topic_name;
+        if !is_topic_name(&self.links_topic)
+            || !is_topic_name(&self.dlq_topic)
+            || !is_topic_name(&self.group_id)
+        {
+            return Err("--links-topic, --dlq-topic and --group-id must be 1-249 characters of [A-Za-z0-9._-]".into());
+        }
+        if self.kafka.trim().is_empty() {
+            return Err("--kafka is required".into());
+        }
+        Ok(())
+    }
+}
+
+pub struct Pipeline {
+    consumer: Arc<StreamConsumer>,
+    dlq: FutureProducer,
+    cfg: KafkaConfig,
+    applier: Arc<Applier>,
+    metrics: Arc<Metrics>,
+}
+
+impl Pipeline {
+    pub fn new(
+        cfg: &KafkaConfig,
+        applier: Arc<Applier>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Arc<Self>> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.kafka)
+            .set("group.id", &cfg.group_id)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "500")
+            // Only offsets we stored (after S3 confirmed) are ever committed.
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .create()?;
+        consumer.subscribe(&[&cfg.links_topic])?;
+        let dlq: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.kafka)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .create()?;
+        Ok(Arc::new(Pipeline {
+            consumer: Arc::new(consumer),
+            dlq,
+            cfg: cfg.clone(),
+            applier,
+            metrics,
+        }))
+    }
+
+    /// True once the group coordinator gave this consumer partitions (or there is nothing to give).
+    pub fn kafka_reachable(&self) -> bool {
+        self.consumer
+            .fetch_metadata(Some(&self.cfg.links_topic), Duration::from_secs(1))
+            .is_ok()
+    }
+
+    /// Consumes until `shutdown`, then lets workers stop and commits what was stored.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut workers: HashMap<i32, mpsc::Sender<OwnedMessage>> = HashMap::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(self.clone().report_lag(shutdown.clone()));
+        loop {
+            let msg = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                m = self.consumer.recv() => m,
+            };
+            let msg = match msg {
+                Ok(m) => m.detach(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "kafka receive error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let partition = msg.partition();
+            let tx = workers.entry(partition).or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(256);
+                tasks.spawn(self.clone().worker(partition, rx, shutdown.clone()));
+                tx
+            });
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tx.send(msg) => {}
+            }
+        }
+        drop(workers);
+        while tasks.join_next().await.is_some() {}
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+            tracing::debug!(error = %e, "final commit");
+        }
+        tracing::info!("consumer stopped");
+    }
+
+    async fn worker(
+        self: Arc<Self>,
+        partition: i32,
+        mut rx: mpsc::Receiver<OwnedMessage>,
+        shutdown: CancellationToken,
+    ) {
+        while let Some(msg) = rx.recv().await {
+            let result = match decode(msg.payload()) {
+                Ok(ev) => self.applier.apply(&ev, &shutdown).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(outcome) => self
+                    .metrics
+                    .events
+                    .with_label_values(&[outcome.label()])
+                    .inc(),
+                Err(ApplyError::Permanent(reason)) => {
+                    if !self.dead_letter(&msg, &reason, &shutdown).await {
+                        return;
+                    }
+                    self.metrics.events.with_label_values(&["dlq"]).inc();
+                }
+                Err(ApplyError::Cancelled) => return,
+            }
+            // The next offset to read; a revoked partition refuses it, which is fine: the
+            // new owner re-applies from the last committed offset (idempotent).
+            if let Err(e) = self
+                .consumer
+                .store_offset(msg.topic(), partition, msg.offset() + 1)
+            {
+                tracing::debug!(partition, error = %e, "offset not stored");
+            }
+        }
+    }
+
+    /// Copies the message to the dead-letter topic with the reason; true once Kafka has it.
+    async fn dead_letter(
+        &self,
+        msg: &OwnedMessage,
+        reason: &str,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        tracing::error!(partition = msg.partition(), offset = msg.offset(), reason = ?reason, "dead-lettering link event");
+        let source = format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset());
+        loop {
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "zlink-error",
+                    value: Some(reason),
+                })
+                .insert(Header {
+                    key: "zlink-source",
+                    value: Some(&source),
+                });
+            let mut record = FutureRecord::to(&self.cfg.dlq_topic).headers(headers);
+            if let Some(k) = msg.key() {
+                record = record.key(k);
+            }
+            if let Some(p) = msg.payload() {
+                record = record.payload(p);
+            }
+            match self.dlq.send(record, Duration::from_secs(5)).await {
+                Ok(_) => return true,
+                Err((e, _)) => tracing::warn!(error = %e, "dead-letter publish failed; retrying"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// Every 5 s: high watermark minus position, per assigned partition.
+    async fn report_lag(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            }
+            let this = self.clone();
+            let lags = tokio::task::spawn_blocking(move || {
+                let mut out = Vec::new();
+                let Ok(positions) = this.consumer.position() else {
+                    return out;
+                };
+                for e in positions.elements() {
+                    let Ok((_, high)) = this.consumer.fetch_watermarks(
+                        e.topic(),
+                        e.partition(),
+                        Duration::from_secs(1),
+                    ) else {
+                        continue;
+                    };
+                    let pos = e.offset().to_raw().filter(|o| *o >= 0).unwrap_or(0);
+                    out.push((e.partition(), (high - pos).max(0)));
+                }
+                out
+            })
+            .await
+            .unwrap_or_default();
+            for (p, lag) in lags {
+                self.metrics
+                    .consumer_lag
+                    .with_label_values(&[&p.to_string()])
+                    .set(lag);
+            }
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! zlink replicator: keeps S3 equal to ScyllaDB for every link, so the last-resort tier can
+//! serve redirects from S3 alone.
+//!
+//! - [`consumer`]: the `links` consumer group, per-partition workers, offsets after S3, DLQ.
+//! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
+//! - [`s3`]: S3 client (aws-sdk-s3), errors classified transient/permanent.
+//! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`]: Prometheus metrics, one registry.
+
+pub mod apply;
+pub mod consumer;
+pub mod metrics;
+pub mod ops;
+pub mod reconcile;
+pub mod s3;
+
+use apply::Applier;
+use consumer::Pipeline;
+use ops::Ops;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Runs the consumer pipeline and the ops endpoint until `shutdown`; returns once the consumer
+/// has stopped and committed.
+pub async fn run(
+    listener: TcpListener,
+    pipeline: Arc<Pipeline>,
+    applier: Arc<Applier>,
+    shutdown: CancellationToken,
+) {
+    let ops = Arc::new(Ops {
+        metrics: applier.metrics.clone(),
+        ready: false.into(),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(ops::serve(listener, ops.clone(), shutdown.clone()));
+    tasks.spawn({
+        let (ops, applier, pipeline, shutdown) = (
+            ops.clone(),
+            applier.clone(),
+            pipeline.clone(),
+            shutdown.clone(),
+        );
+        async move {
+            loop {
+                let s3_ok = applier.s3.ping().await.is_ok();
+                let store_ok = applier.store.ping().await.is_ok();
+                let p = pipeline.clone();
+                let kafka_ok = tokio::task::spawn_blocking(move || p.kafka_reachable())
+                    .await
+                    .unwrap_or(false);
+                ops.ready
+                    .store(s3_ok && store_ok && kafka_ok, Ordering::Relaxed);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        }
+    });
+    pipeline.run(shutdown).await;
+    while tasks.join_next().await.is_some() {}
+}

@@ -1,0 +1,74 @@
+//! Every replicator metric, registered in one place under `zlink_replicator_`.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// Events handled, by outcome: put, delete, skipped (not newer than S3), dlq.
+    pub events: IntCounterVec,
+    /// S3 failures by kind: transient (retried), permanent (dead-lettered).
+    pub s3_failures: IntCounterVec,
+    /// From the change in primary to S3 confirming the object, for create events, seconds.
+    pub create_to_s3_seconds: Histogram,
+    /// Messages behind the partition's high watermark.
+    pub consumer_lag: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("zlink_replicator".into()), None).expect("valid prefix");
+        let events = IntCounterVec::new(
+            Opts::new("events_total", "Link events by outcome"),
+            &["outcome"],
+        )
+        .expect("metric");
+        let s3_failures = IntCounterVec::new(
+            Opts::new("s3_failures_total", "S3 failures by kind"),
+            &["kind"],
+        )
+        .expect("metric");
+        let create_to_s3_seconds = Histogram::with_opts(
+            HistogramOpts::new("create_to_s3_seconds", "Link creation to blob in S3").buckets(
+                vec![
+                    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                ],
+            ),
+        )
+        .expect("metric");
+        let consumer_lag = IntGaugeVec::new(
+            Opts::new("consumer_lag", "Messages not yet consumed, per partition"),
+            &["partition"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(s3_failures.clone()),
+            Box::new(create_to_s3_seconds.clone()),
+            Box::new(consumer_lag.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        Self {
+            registry,
+            events,
+            s3_failures,
+            create_to_s3_seconds,
+            consumer_lag,
+        }
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,258 @@
+//! The S3 side of replication: PUT, DELETE, GET and LIST of blob objects, with errors
+//! classified as transient (retry) or permanent (dead-letter).
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::primitives::ByteStream;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
+use std::collections::HashMap;
+use std::time::Duration;
+use zlink_wire::blob::{self, Blob};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct S3Config {
+    /// S3 endpoint URL (path-style addressing is used).
+    #[arg(
+        long,
+        env = "ZLINK_S3_ENDPOINT",
+        default_value = "http://127.0.0.1:8333"
+    )]
+    pub s3_endpoint: String,
+    /// Bucket holding the blobs.
+    #[arg(long, env = "ZLINK_S3_BUCKET", default_value = "links")]
+    pub s3_bucket: String,
+    /// Key prefix of every blob (the key is prefix + slug).
+    #[arg(long, env = "ZLINK_S3_PREFIX", default_value = "")]
+    pub s3_prefix: String,
+    #[arg(long, env = "ZLINK_S3_REGION", default_value = "us-east-1")]
+    pub s3_region: String,
+    #[arg(long, env = "ZLINK_S3_ACCESS_KEY", hide_env_values = true)]
+    pub s3_access_key: String,
+    #[arg(long, env = "ZLINK_S3_SECRET_KEY", hide_env_values = true)]
+    pub s3_secret_key: primary::config::Secret,
+    /// Cache-Control stored with each blob (what nginx passes on when it serves the blob).
+    #[arg(
+        long,
+        env = "ZLINK_BLOB_CACHE_CONTROL",
+        default_value = "public, max-age=300"
+    )]
+    pub blob_cache_control: String,
+    /// Budget for one S3 request, milliseconds.
+    #[arg(long, env = "ZLINK_S3_TIMEOUT_MS", default_value_t = 5000)]
+    pub s3_timeout_ms: u64,
+}
+
+impl S3Config {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.s3_endpoint.starts_with("http://") || self.s3_endpoint.starts_with("https://")) {
+            return Err("--s3-endpoint must be an http(s) URL".into());
+        }
+        if self.s3_bucket.is_empty()
+            || !self
+                .s3_bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b))
+        {
+            return Err("--s3-bucket must be a valid lowercase bucket name".into());
+        }
+        if !self
+            .s3_prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_/.".contains(&b))
+        {
+            return Err("--s3-prefix may contain only [A-Za-z0-9-_/.]".into());
+        }
+        if self.s3_access_key.is_empty() || self.s3_secret_key.0.is_empty() {
+            return Err("--s3-access-key and --s3-secret-key are required".into());
+        }
+        if http::HeaderValue::from_str(&self.blob_cache_control).is_err() {
+            return Err("--blob-cache-control is not a valid header value".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    /// Worth retrying: timeouts, connection failures, 5xx, throttling, auth hiccups.
+    #[error("S3 transient failure: {0}")]
+    Transient(String),
+    /// Retrying cannot help: the request itself is wrong.
+    #[error("S3 permanent failure: {0}")]
+    Permanent(String),
+}
+
+fn classify<E: std::fmt::Debug>(e: SdkError<E, aws_smithy_runtime_api::http::Response>) -> S3Error {
+    match &e {
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            // 403 is retried: a credentials problem is an incident to fix, not data to drop.
+            if status >= 500 || matches!(status, 403 | 408 | 429) {
+                S3Error::Transient(format!("HTTP {status}: {:?}", se.err()))
+            } else {
+                S3Error::Permanent(format!("HTTP {status}: {:?}", se.err()))
+            }
+        }
+        SdkError::ConstructionFailure(_) => S3Error::Permanent(format!("{e:?}")),
+        _ => S3Error::Transient(format!("{e}")),
+    }
+}
+
+fn status_of<E>(e: &SdkError<E, aws_smithy_runtime_api::http::Response>) -> Option<u16> {
+    e.raw_response().map(|r| r.status().as_u16())
+}
+
+/// A stored blob object: its body and user metadata.
+pub struct StoredObject {
+    pub body: Vec<u8>,
+    pub metadata: HashMap<String, String>,
+}
+
+pub struct S3Store {
+    client: aws_sdk_s3::Client,
+    bucket: String,
+    prefix: String,
+    cache_control: String,
+}
+
+impl S3Store {
+    pub fn new(cfg: &S3Config) -> Self {
+        let creds = Credentials::new(
+            &cfg.s3_access_key,
+            &cfg.s3_secret_key.0,
+            None,
+            None,
+            "zlink-static",
+        );
+        let conf = aws_sdk_s3::config::Builder::new()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url(&cfg.s3_endpoint)
+            .region(Region::new(cfg.s3_region.clone()))
+            .credentials_provider(creds)
+            .force_path_style(true)
+            // Retries are ours (backoff with jitter, classified errors), not the SDK's.
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(1))
+                    .operation_timeout(Duration::from_millis(cfg.s3_timeout_ms))
+                    .build(),
+            )
+            .build();
+        S3Store {
+            client: aws_sdk_s3::Client::from_conf(conf),
+            bucket: cfg.s3_bucket.clone(),
+            prefix: cfg.s3_prefix.clone(),
+            cache_control: cfg.blob_cache_control.clone(),
+        }
+    }
+
+    pub fn key(&self, slug: &str) -> String {
+        blob::object_key(&self.prefix, slug)
+    }
+
+    /// The slug of a key under our prefix, if it is one.
+    pub fn slug_of<'a>(&self, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(&self.prefix)
+            .filter(|s| zlink_wire::slug::is_valid_slug(s))
+    }
+
+    pub async fn put(&self, slug: &str, b: &Blob) -> Result<(), S3Error> {
+        let metadata: HashMap<String, String> = blob::metadata(b)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.key(slug))
+            .body(ByteStream::from(blob::render(b).into_bytes()))
+            .content_type(blob::CONTENT_TYPE)
+            .cache_control(&self.cache_control)
+            .set_metadata(Some(metadata))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    /// Deletes by key (deleting a missing key succeeds).
+    pub async fn delete_key(&self, key: &str) -> Result<(), S3Error> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    pub async fn delete(&self, slug: &str) -> Result<(), S3Error> {
+        self.delete_key(&self.key(slug)).await
+    }
+
+    pub async fn get(&self, slug: &str) -> Result<Option<StoredObject>, S3Error> {
+        match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(self.key(slug))
+            .send()
+            .await
+        {
+            Ok(out) => {
+                let metadata = out.metadata().cloned().unwrap_or_default();
+                let body = out
+                    .body
+                    .collect()
+                    .await
+                    .map_err(|e| S3Error::Transient(e.to_string()))?
+                    .into_bytes()
+                    .to_vec();
+                Ok(Some(StoredObject { body, metadata }))
+            }
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    /// One page of keys under the prefix, and the token of the next page.
+    pub async fn list_page(
+        &self,
+        token: Option<String>,
+    ) -> Result<(Vec<String>, Option<String>), S3Error> {
+        let out = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(&self.prefix)
+            .set_continuation_token(token)
+            .max_keys(1000)
+            .send()
+            .await
+            .map_err(classify)?;
+        let keys = out
+            .contents()
+            .iter()
+            .filter_map(|o| o.key().map(str::to_string))
+            .collect();
+        let next = if out.is_truncated() == Some(true) {
+            out.next_continuation_token().map(str::to_string)
+        } else {
+            None
+        };
+        Ok((keys, next))
+    }
+
+    pub async fn ping(&self) -> Result<(), S3Error> {
+        self.client
+            .head_bucket()
+            .bucket(&self.bucket)
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}
