@@ -71,6 +71,8 @@ impl Relay {
                 k.message_timeout.as_millis().to_string(),
             )
             .set("linger.ms", "2")
+            // Small messages: Nagle would hold them back behind delayed ACKs.
+            .set("socket.nagle.disable", "true")
             .set("client.id", format!("zlink-{instance}"))
             .create()?;
         Ok(Arc::new(Relay {

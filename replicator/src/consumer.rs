@@ -73,12 +73,16 @@ impl Pipeline {
             .set("auto.offset.reset", "earliest")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000")
+            // Events are small and latency matters more than batching.
+            .set("socket.nagle.disable", "true")
+            .set("fetch.wait.max.ms", "50")
             .create()?;
         consumer.subscribe(&[&cfg.links_topic])?;
         let dlq: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", &cfg.kafka)
             .set("enable.idempotence", "true")
             .set("acks", "all")
+            .set("socket.nagle.disable", "true")
             .create()?;
         Ok(Arc::new(Pipeline {
             consumer: Arc::new(consumer),
