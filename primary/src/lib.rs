@@ -15,6 +15,7 @@
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
 //! - [`clock`]: time as a dependency.
+//! - [`runtime`]: process plumbing shared by the binaries (tracing, signals, store retry).
 
 pub mod api;
 pub mod app;
@@ -30,6 +31,7 @@ pub mod memcache;
 pub mod metrics;
 pub mod redirect;
 pub mod relay;
+pub mod runtime;
 pub mod store;
 
 use std::sync::Arc;

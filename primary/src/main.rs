@@ -2,70 +2,21 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use primary::app::AppState;
 use primary::clock::{Clock, SystemClock};
-use primary::config::{Cli, Command, ServeConfig, StoreConfig};
+use primary::config::{Cli, Command, ServeConfig};
 use primary::metrics::Metrics;
-use primary::store::{self, Store};
-use primary::{auth, run};
+use primary::{auth, run, runtime, store};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
-
-fn init_tracing() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // Logs go to stderr: stdout carries command output (create-key prints the key there).
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if std::env::var("ZLINK_LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
-/// The store may still be starting (or briefly unreachable): retry for a bounded time.
-async fn connect_store(cfg: &StoreConfig, within: Duration) -> anyhow::Result<Store> {
-    let deadline = Instant::now() + within;
-    loop {
-        match Store::connect(cfg).await {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() < deadline => {
-                tracing::warn!(error = %e, "store not reachable yet; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e).context("connecting to the store"),
-        }
-    }
-}
-
-fn shutdown_on_signals() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            tracing::error!("cannot install signal handlers");
-            return;
-        };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("shutdown signal received");
-        t.cancel();
-    });
-    token
-}
+use std::time::Duration;
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
-    let shutdown = shutdown_on_signals();
-    let store = Arc::new(connect_store(&cfg.store, Duration::from_secs(60)).await?);
+    let shutdown = runtime::shutdown_on_signals();
+    let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
+        .await
+        .context("connecting to the store")?;
+    let store = Arc::new(store);
     let metrics = Arc::new(Metrics::new());
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut background = tokio::task::JoinSet::new();
@@ -98,7 +49,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_tracing();
+    runtime::init_tracing();
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::Migrate {
@@ -106,17 +57,11 @@ async fn main() -> anyhow::Result<()> {
             replication_factor,
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                match store::migrate(&cfg, replication_factor).await {
-                    Ok(()) => break,
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::warn!(error = %e, "migration failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                    Err(e) => return Err(e).context("applying the schema"),
-                }
-            }
+            runtime::retry_for("schema migration", Duration::from_secs(60), || {
+                store::migrate(&cfg, replication_factor)
+            })
+            .await
+            .context("applying the schema")?;
             tracing::info!(keyspace = %cfg.keyspace, "schema applied");
             Ok(())
         }
@@ -127,7 +72,9 @@ async fn main() -> anyhow::Result<()> {
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
             auth::validate_owner(&owner).map_err(anyhow::Error::msg)?;
-            let store = connect_store(&cfg, Duration::from_secs(30)).await?;
+            let store = runtime::connect_store(&cfg, Duration::from_secs(30))
+                .await
+                .context("connecting to the store")?;
             let (key, key_id) = auth::generate_key();
             store
                 .insert_api_key(

@@ -112,11 +112,16 @@ impl Metrics {
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        out
+        render(&self.registry)
     }
+}
+
+/// Prometheus text exposition of a registry.
+pub fn render(registry: &Registry) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Encoding into a Vec cannot fail for well-formed metrics.
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
+    out
 }
 
 impl Default for Metrics {

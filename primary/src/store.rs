@@ -9,7 +9,9 @@ use crate::config::StoreConfig;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlTimestamp, CqlValue, Row};
@@ -252,6 +254,31 @@ fn schema_statements() -> Vec<String> {
         .collect()
 }
 
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// The first row of a result, if any.
+fn first<R>(res: QueryResult) -> Result<Option<R>, StoreError>
+where
+    R: for<'f> DeserializeRow<'f, 'f>,
+{
+    res.into_rows_result()
+        .map_err(unavailable)?
+        .maybe_first_row::<R>()
+        .map_err(corrupt)
+}
+
+/// Every row of a single-page result.
+fn all<R>(res: QueryResult) -> Result<Vec<R>, StoreError>
+where
+    R: for<'f> DeserializeRow<'f, 'f>,
+{
+    let rows = res.into_rows_result().map_err(unavailable)?;
+    let it = rows.rows::<R>().map_err(corrupt)?;
+    it.collect::<Result<_, _>>().map_err(corrupt)
+}
+
 fn applied(result: QueryResult) -> Result<bool, StoreError> {
     let rows = result.into_rows_result().map_err(unavailable)?;
     let row: Row = rows.first_row().map_err(unavailable)?;
@@ -264,6 +291,17 @@ fn applied(result: QueryResult) -> Result<bool, StoreError> {
 }
 
 impl Store {
+    async fn exec(
+        &self,
+        stmt: &PreparedStatement,
+        values: impl SerializeRow,
+    ) -> Result<QueryResult, StoreError> {
+        self.session
+            .execute_unpaged(stmt, values)
+            .await
+            .map_err(unavailable)
+    }
+
     /// Connects to an existing keyspace (see [`migrate`]) and prepares every statement.
     pub async fn connect(cfg: &StoreConfig) -> Result<Self, StoreError> {
         let session = connect(cfg, Some(&cfg.keyspace)).await?;
@@ -409,10 +447,7 @@ impl Store {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.session
-            .execute_unpaged(&self.st.ping, &[])
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.ping, &[]).await?;
         Ok(())
     }
 
@@ -421,16 +456,8 @@ impl Store {
         stmt: &PreparedStatement,
         slug: &str,
     ) -> Result<Option<Link>, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(stmt, (slug,))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        match rows
-            .maybe_first_row::<LinkRow>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?
-        {
+        let res = self.exec(stmt, (slug,)).await?;
+        match first::<LinkRow>(res)? {
             Some(row) => Ok(Some(row.try_into()?)),
             None => Ok(None),
         }
@@ -458,12 +485,7 @@ impl Store {
             link.version,
             &link.idem,
         );
-        applied(
-            self.session
-                .execute_unpaged(&self.st.insert_link, values)
-                .await
-                .map_err(unavailable)?,
-        )
+        applied(self.exec(&self.st.insert_link, values).await?)
     }
 
     /// Moves a link from (`from`, `version`) to (`to`, `version + 1`). False if the link was not
@@ -476,12 +498,7 @@ impl Store {
         to: LinkStatus,
     ) -> Result<bool, StoreError> {
         let values = (to.as_str(), version + 1, slug, from.as_str(), version);
-        applied(
-            self.session
-                .execute_unpaged(&self.st.update_status, values)
-                .await
-                .map_err(unavailable)?,
-        )
+        applied(self.exec(&self.st.update_status, values).await?)
     }
 
     /// Claims an idempotency key for `slug`. On a lost claim returns the winner's (slug, fingerprint).
@@ -494,24 +511,11 @@ impl Store {
         now_ms: i64,
     ) -> Result<Option<(String, String)>, StoreError> {
         let values = (owner, key, slug, fingerprint, CqlTimestamp(now_ms));
-        if applied(
-            self.session
-                .execute_unpaged(&self.st.claim_idem, values)
-                .await
-                .map_err(unavailable)?,
-        )? {
+        if applied(self.exec(&self.st.claim_idem, values).await?)? {
             return Ok(None);
         }
-        let res = self
-            .session
-            .execute_unpaged(&self.st.get_idem_serial, (owner, key))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        match rows
-            .maybe_first_row::<(String, String)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?
-        {
+        let res = self.exec(&self.st.get_idem_serial, (owner, key)).await?;
+        match first::<(String, String)>(res)? {
             Some(winner) => Ok(Some(winner)),
             // Lost the claim but the row is gone: it expired in between. Extremely unlikely.
             None => Err(StoreError::Contention(
@@ -525,29 +529,15 @@ impl Store {
         let n_i = i64::try_from(n).map_err(|_| StoreError::Corrupt("block size".into()))?;
         // Bounded: only concurrent leases by other instances make a round lose.
         for _ in 0..32 {
-            let res = self
-                .session
-                .execute_unpaged(&self.st.get_block_serial, (name,))
-                .await
-                .map_err(unavailable)?;
-            let rows = res.into_rows_result().map_err(unavailable)?;
-            let current = rows
-                .maybe_first_row::<(i64,)>()
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let res = self.exec(&self.st.get_block_serial, (name,)).await?;
+            let current = first::<(i64,)>(res)?;
             let won = match current {
-                None => {
-                    let r = self
-                        .session
-                        .execute_unpaged(&self.st.init_block, (name, n_i))
-                        .await;
-                    applied(r.map_err(unavailable)?)?.then_some(0)
-                }
+                None => applied(self.exec(&self.st.init_block, (name, n_i)).await?)?.then_some(0),
                 Some((cur,)) => {
-                    let r = self
-                        .session
-                        .execute_unpaged(&self.st.cas_block, (cur + n_i, name, cur))
-                        .await;
-                    applied(r.map_err(unavailable)?)?.then_some(cur)
+                    let cas = self
+                        .exec(&self.st.cas_block, (cur + n_i, name, cur))
+                        .await?;
+                    applied(cas)?.then_some(cur)
                 }
             };
             if let Some(start) = won {
@@ -560,15 +550,8 @@ impl Store {
     }
 
     pub async fn get_api_key(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.st.get_key, (key_hash,))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        let row = rows
-            .maybe_first_row::<(String, String, String, Option<bool>)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let res = self.exec(&self.st.get_key, (key_hash,)).await?;
+        let row = first::<(String, String, String, Option<bool>)>(res)?;
         Ok(row.map(|(key_id, owner, role, revoked)| ApiKeyRecord {
             key_id,
             owner,
@@ -587,10 +570,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let role = if admin { "admin" } else { "owner" };
         let values = (key_hash, key_id, owner, role, CqlTimestamp(now_ms));
-        self.session
-            .execute_unpaged(&self.st.insert_key, values)
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.insert_key, values).await?;
         Ok(())
     }
 }
@@ -598,10 +578,7 @@ impl Store {
 impl Store {
     pub async fn outbox_add(&self, row: &OutboxRow) -> Result<(), StoreError> {
         let v = (row.shard, row.at_ms, &row.slug, row.version);
-        self.session
-            .execute_unpaged(&self.st.outbox_add, v)
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.outbox_add, v).await?;
         Ok(())
     }
 
@@ -613,41 +590,29 @@ impl Store {
         limit: i32,
     ) -> Result<Vec<OutboxRow>, StoreError> {
         let res = self
-            .session
-            .execute_unpaged(&self.st.outbox_scan, (shard, before_ms, limit))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        let it = rows
-            .rows::<OutboxRow>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        it.collect::<Result<_, _>>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))
+            .exec(&self.st.outbox_scan, (shard, before_ms, limit))
+            .await?;
+        all::<OutboxRow>(res)
     }
 
     pub async fn outbox_delete(&self, row: &OutboxRow) -> Result<(), StoreError> {
         let v = (row.shard, row.at_ms, &row.slug, row.version);
-        self.session
-            .execute_unpaged(&self.st.outbox_delete, v)
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.outbox_delete, v).await?;
         Ok(())
     }
 
     /// Takes or renews the lease `name` for `ttl_s` seconds. True while `holder` holds it.
     pub async fn lease(&self, name: &str, holder: &str, ttl_s: i32) -> Result<bool, StoreError> {
-        let renewed = self
-            .session
-            .execute_unpaged(&self.st.lease_renew, (ttl_s, holder, name, holder))
-            .await;
-        if applied(renewed.map_err(unavailable)?)? {
+        if applied(
+            self.exec(&self.st.lease_renew, (ttl_s, holder, name, holder))
+                .await?,
+        )? {
             return Ok(true);
         }
-        let taken = self
-            .session
-            .execute_unpaged(&self.st.lease_take, (name, holder, ttl_s))
-            .await;
-        applied(taken.map_err(unavailable)?)
+        applied(
+            self.exec(&self.st.lease_take, (name, holder, ttl_s))
+                .await?,
+        )
     }
 
     pub async fn expiry_add(&self, slug: &str, expires_at_ms: i64) -> Result<(), StoreError> {
@@ -656,10 +621,7 @@ impl Store {
             CqlTimestamp(expires_at_ms),
             slug,
         );
-        self.session
-            .execute_unpaged(&self.st.expiry_add, v)
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.expiry_add, v).await?;
         Ok(())
     }
 
@@ -670,54 +632,29 @@ impl Store {
         until_ms: i64,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let res = self
-            .session
-            .execute_unpaged(&self.st.expiry_scan, (bucket, CqlTimestamp(until_ms)))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        let it = rows
-            .rows::<(CqlTimestamp, String)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        it.map(|r| r.map(|(t, s)| (t.0, s)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))
+            .exec(&self.st.expiry_scan, (bucket, CqlTimestamp(until_ms)))
+            .await?;
+        Ok(all::<(CqlTimestamp, String)>(res)?
+            .into_iter()
+            .map(|(t, s)| (t.0, s))
+            .collect())
     }
 
     /// The cursor's position, created at `initial` if it does not exist yet.
     pub async fn cursor(&self, name: &str, initial: i64) -> Result<i64, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.st.cursor_get, (name,))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        if let Some((p,)) = rows
-            .maybe_first_row::<(i64,)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?
-        {
+        let res = self.exec(&self.st.cursor_get, (name,)).await?;
+        if let Some((p,)) = first::<(i64,)>(res)? {
             return Ok(p);
         }
-        self.session
-            .execute_unpaged(&self.st.cursor_init, (name, initial))
-            .await
-            .map_err(unavailable)?;
-        let res = self
-            .session
-            .execute_unpaged(&self.st.cursor_get, (name,))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        Ok(rows
-            .first_row::<(i64,)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?
-            .0)
+        self.exec(&self.st.cursor_init, (name, initial)).await?;
+        let res = self.exec(&self.st.cursor_get, (name,)).await?;
+        first::<(i64,)>(res)?
+            .map(|(p,)| p)
+            .ok_or_else(|| StoreError::Corrupt("cursor vanished".into()))
     }
 
     pub async fn cursor_set(&self, name: &str, position: i64) -> Result<(), StoreError> {
-        self.session
-            .execute_unpaged(&self.st.cursor_set, (position, name))
-            .await
-            .map_err(unavailable)?;
+        self.exec(&self.st.cursor_set, (position, name)).await?;
         Ok(())
     }
 }
@@ -739,14 +676,9 @@ impl Store {
             .execute_single_page(&self.st.scan_links, (from, to), page)
             .await
             .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        let links = rows
-            .rows::<LinkRow>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?
-            .map(|r| {
-                r.map_err(|e| StoreError::Corrupt(e.to_string()))
-                    .and_then(Link::try_from)
-            })
+        let links = all::<LinkRow>(res)?
+            .into_iter()
+            .map(Link::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         let next = match next.into_paging_control_flow() {
             std::ops::ControlFlow::Continue(p) => Some(p),
@@ -757,41 +689,28 @@ impl Store {
 
     /// The newest link version the replicator applied to S3 for `slug` (0: none).
     pub async fn replica_version(&self, slug: &str) -> Result<i64, StoreError> {
-        let res = self
-            .session
-            .execute_unpaged(&self.st.replica_get, (slug,))
-            .await
-            .map_err(unavailable)?;
-        let rows = res.into_rows_result().map_err(unavailable)?;
-        let row = rows
-            .maybe_first_row::<(i64,)>()
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let res = self.exec(&self.st.replica_get, (slug,)).await?;
+        let row = first::<(i64,)>(res)?;
         Ok(row.map_or(0, |(v,)| v))
     }
 
     /// Records that `version` of `slug` is in S3, unless a newer version already is.
     pub async fn replica_version_set(&self, slug: &str, version: i64) -> Result<(), StoreError> {
-        let bumped = self
-            .session
-            .execute_unpaged(&self.st.replica_bump, (version, slug, version))
-            .await;
-        if applied(bumped.map_err(unavailable)?)? {
+        if applied(
+            self.exec(&self.st.replica_bump, (version, slug, version))
+                .await?,
+        )? {
             return Ok(());
         }
         // Not applied: either a newer version is recorded (fine) or there is no row yet.
-        let init = self
-            .session
-            .execute_unpaged(&self.st.replica_init, (slug, version))
-            .await;
-        if applied(init.map_err(unavailable)?)? {
+        if applied(self.exec(&self.st.replica_init, (slug, version)).await?)? {
             return Ok(());
         }
         // Someone created the row meanwhile: one more conditional bump settles it.
-        let bumped = self
-            .session
-            .execute_unpaged(&self.st.replica_bump, (version, slug, version))
-            .await;
-        applied(bumped.map_err(unavailable)?)?;
+        applied(
+            self.exec(&self.st.replica_bump, (version, slug, version))
+                .await?,
+        )?;
         Ok(())
     }
 }

@@ -93,7 +93,12 @@ impl Pipeline {
         }))
     }
 
-    /// True once the group coordinator gave this consumer partitions (or there is nothing to give).
+    /// Partitions the group currently assigns to this instance.
+    pub fn assigned_partitions(&self) -> usize {
+        self.consumer.assignment().map(|a| a.count()).unwrap_or(0)
+    }
+
+    /// True when the broker answers a metadata request for the links topic.
     pub fn kafka_reachable(&self) -> bool {
         self.consumer
             .fetch_metadata(Some(&self.cfg.links_topic), Duration::from_secs(1))

@@ -2,7 +2,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use primary::clock::{Clock, SystemClock};
 use primary::config::StoreConfig;
-use primary::store::Store;
+use primary::runtime;
 use replicator::apply::Applier;
 use replicator::consumer::{KafkaConfig, Pipeline};
 use replicator::metrics::Metrics;
@@ -10,8 +10,7 @@ use replicator::reconcile::{reconcile, ReconcileArgs};
 use replicator::s3::{S3Config, S3Store};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -49,52 +48,9 @@ enum Command {
     },
 }
 
-fn init_tracing() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
-
-async fn connect_store(cfg: &StoreConfig, within: Duration) -> anyhow::Result<Store> {
-    let deadline = Instant::now() + within;
-    loop {
-        match Store::connect(cfg).await {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() < deadline => {
-                tracing::warn!(error = %e, "store not reachable yet; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => return Err(e).context("connecting to the store"),
-        }
-    }
-}
-
-fn shutdown_on_signals() -> CancellationToken {
-    let token = CancellationToken::new();
-    let t = token.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return;
-        };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("shutdown signal received");
-        t.cancel();
-    });
-    token
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    init_tracing();
+    runtime::init_tracing();
     match Cli::parse().command {
         Command::Run {
             listen,
@@ -107,11 +63,15 @@ async fn main() -> anyhow::Result<()> {
                     bail!("invalid configuration: {e}");
                 }
             }
-            let shutdown = shutdown_on_signals();
+            let shutdown = runtime::shutdown_on_signals();
             let metrics = Arc::new(Metrics::new());
             let applier = Arc::new(Applier {
                 s3: Arc::new(S3Store::new(&s3)),
-                store: Arc::new(connect_store(&store, Duration::from_secs(60)).await?),
+                store: Arc::new(
+                    runtime::connect_store(&store, Duration::from_secs(60))
+                        .await
+                        .context("connecting to the store")?,
+                ),
                 metrics: metrics.clone(),
                 clock: Arc::new(SystemClock),
             });
@@ -130,7 +90,11 @@ async fn main() -> anyhow::Result<()> {
                     bail!("invalid configuration: {e}");
                 }
             }
-            let store = Arc::new(connect_store(&store, Duration::from_secs(30)).await?);
+            let store = Arc::new(
+                runtime::connect_store(&store, Duration::from_secs(30))
+                    .await
+                    .context("connecting to the store")?,
+            );
             let s3 = Arc::new(S3Store::new(&s3));
             let report = reconcile(store, s3, &args, SystemClock.now_ms(), |line| {
                 println!("{line}")

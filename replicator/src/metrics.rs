@@ -1,8 +1,6 @@
 //! Every replicator metric, registered in one place under `zlink_replicator_`.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 pub struct Metrics {
     registry: Registry,
@@ -61,9 +59,7 @@ impl Metrics {
     }
 
     pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        out
+        primary::metrics::render(&self.registry)
     }
 }
 

@@ -296,10 +296,21 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(replicator::run(
         listener,
-        pipeline,
+        pipeline.clone(),
         applier,
         shutdown.clone(),
     ));
+    // Latency assertions measure replication, not the consumer group's first join.
+    let joined = eventually(Duration::from_secs(30), || {
+        let p = pipeline.clone();
+        async move {
+            tokio::task::spawn_blocking(move || p.assigned_partitions() > 0)
+                .await
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    assert!(joined, "replicator got no partitions within 30 s");
     ReplicatorHandle {
         metrics,
         s3,
@@ -396,6 +407,17 @@ pub async fn create_key(state: &AppState, owner: &str, admin: bool) -> String {
         .await
         .expect("key stored");
     key
+}
+
+/// `POST /api/v1/links` with `body` as `key`.
+pub async fn create(base: &str, key: &str, body: serde_json::Value) -> reqwest::Response {
+    client()
+        .post(format!("{base}/api/v1/links"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
 }
 
 /// An HTTP client that never follows redirects (we assert on them).

@@ -11,16 +11,6 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::events::LinkEventKind;
 
-async fn create(base: &str, key: &str, body: Value) -> reqwest::Response {
-    client()
-        .post(format!("{base}/api/v1/links"))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("request")
-}
-
 async fn patch_status(base: &str, key: &str, slug: &str, status: &str) -> reqwest::Response {
     client()
         .patch(format!("{base}/api/v1/links/{slug}"))

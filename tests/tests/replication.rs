@@ -9,16 +9,6 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::blob::{self, Blob};
 
-async fn create(base: &str, key: &str, body: Value) -> reqwest::Response {
-    client()
-        .post(format!("{base}/api/v1/links"))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("request")
-}
-
 async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
     let r = client()
         .patch(format!("{base}/api/v1/links/{slug}"))
