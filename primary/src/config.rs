@@ -1,26 +1,10 @@
 //! Typed configuration: flags with env-var fallbacks, defaults, validation at start.
 
 use clap::{Args, Parser, Subcommand};
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// A value that must never appear in logs or `Debug` output.
-#[derive(Clone, Default)]
-pub struct Secret(pub String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
-}
-
-impl std::str::FromStr for Secret {
-    type Err = std::convert::Infallible;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_string()))
-    }
-}
+pub use zlink_clients::Secret;
 
 #[derive(Debug, Parser)]
 #[command(

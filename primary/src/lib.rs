@@ -6,7 +6,6 @@
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
-//! - [`memcache`]: small async memcached client with hard timeouts and backoff.
 //! - [`store`]: every CQL statement, LWTs, schema migration.
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
@@ -27,7 +26,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod ids;
-pub mod memcache;
+pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod redirect;
 pub mod relay;

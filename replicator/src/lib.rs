@@ -3,7 +3,6 @@
 //!
 //! - [`consumer`]: the `links` consumer group, per-partition workers, offsets after S3, DLQ.
 //! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
-//! - [`s3`]: S3 client (aws-sdk-s3), errors classified transient/permanent.
 //! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics, one registry.
@@ -13,7 +12,7 @@ pub mod consumer;
 pub mod metrics;
 pub mod ops;
 pub mod reconcile;
-pub mod s3;
+pub use zlink_clients::s3;
 
 use apply::Applier;
 use consumer::Pipeline;

@@ -221,7 +221,7 @@ impl Infra {
             s3_prefix: prefix.to_string(),
             s3_region: "us-east-1".into(),
             s3_access_key: self.s3_access_key.clone(),
-            s3_secret_key: primary::config::Secret(self.s3_secret_key.clone()),
+            s3_secret_key: zlink_clients::Secret(self.s3_secret_key.clone()),
             blob_cache_control: "public, max-age=300".into(),
             s3_timeout_ms: 5000,
         }

@@ -30,7 +30,7 @@ pub struct S3Config {
     #[arg(long, env = "ZLINK_S3_ACCESS_KEY", hide_env_values = true)]
     pub s3_access_key: String,
     #[arg(long, env = "ZLINK_S3_SECRET_KEY", hide_env_values = true)]
-    pub s3_secret_key: primary::config::Secret,
+    pub s3_secret_key: crate::Secret,
     /// Cache-Control stored with each blob (what nginx passes on when it serves the blob).
     #[arg(
         long,

@@ -1,0 +1,28 @@
+//! Clients shared by the zlink tiers. Depends on no service crate, so the last-resort tier can
+//! use it while depending on nothing of primary's.
+//!
+//! - [`memcache`]: small async memcached client with hard timeouts and backoff.
+//! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
+//! - [`Secret`]: a config value that never prints.
+
+pub mod memcache;
+pub mod s3;
+
+use std::fmt;
+
+/// A value that must never appear in logs or `Debug` output.
+#[derive(Clone, Default)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
