@@ -30,13 +30,15 @@ S3_BUCKET="${ZLINK_S3_BUCKET:-links}"
 S3_ACCESS_KEY="zlink-local"
 S3_SECRET_KEY="zlink-local-secret-not-for-production"
 PRIMARY_COUNT=2
+LASTRESORT_COUNT=2
 
 # Components in start order; `down` stops them in reverse.
 zl_components() {
   echo cassandra kafka s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
-  echo replicator
+  echo replicator memcached-lr
+  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
 }
 
 zl_port() {
@@ -53,6 +55,8 @@ zl_port() {
     weed-admin) off=136 ;;
     weed-metrics) off=137 ;;
     memcached) off=11 ;;
+    memcached-lr) off=12 ;;
+    lastresort-*) off=$((100 + ${1#lastresort-})) ;;
     primary-*) off=$((80 + ${1#primary-})) ;;
     replicator) off=85 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
@@ -215,6 +219,13 @@ zl_start_memcached() {
   zl_spawn memcached memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached)" -U 0 -m 256 -c 4096 -t 2
 }
 zl_ready_memcached() { zl_probe memcached 127.0.0.1 "$(zl_port memcached)"; }
+# The last-resort hosts' own memcached: nothing of the primary datacenter is shared with them.
+zl_start_memcached_lr() {
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(-u root)
+  zl_spawn memcached-lr memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached-lr)" -U 0 -m 128 -c 4096 -t 2
+}
+zl_ready_memcached_lr() { zl_probe memcached 127.0.0.1 "$(zl_port memcached-lr)"; }
+ZL_TIMEOUT_memcached_lr=10
 ZL_TIMEOUT_memcached=10
 
 # ---------------------------------------------------------------- primary
@@ -270,8 +281,21 @@ zl_start_replicator() {
 zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }
 ZL_TIMEOUT_replicator=60
 
+# ---------------------------------------------------------------- lastresort
+zl_start_lastresort() {
+  local name="$1"
+  (
+    zl_s3_env
+    export RUST_LOG="${RUST_LOG:-info}"
+    zl_spawn "$name" "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
+      --memcached "127.0.0.1:$(zl_port memcached-lr)"
+  )
+}
+zl_ready_lastresort() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
+ZL_TIMEOUT_lastresort=30
+
 # ---------------------------------------------------------------- generic control
-zl_kind() { case "$1" in primary-*) echo primary ;; *) echo "$1" ;; esac; }
+zl_kind() { case "$1" in primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;; *) echo "$1" ;; esac; }
 
 zl_known() {
   local c
@@ -281,7 +305,10 @@ zl_known() {
 
 zl_is_ready() {
   local kind; kind="$(zl_kind "$1")"
-  if [[ "$kind" == primary ]]; then zl_ready_primary "$1"; else "zl_ready_$kind"; fi
+  case "$kind" in
+    primary | lastresort) "zl_ready_$kind" "$1" ;;
+    *) "zl_ready_$kind" ;;
+  esac
 }
 
 # Starts a component unless it is already running. Does not wait.
@@ -290,7 +317,10 @@ zl_start() {
   kind="$(zl_kind "$name")"
   if zl_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
-  if [[ "$kind" == primary ]]; then zl_start_primary "$name"; else "zl_start_$kind"; fi
+  case "$kind" in
+    primary | lastresort) "zl_start_$kind" "$name" ;;
+    *) "zl_start_$kind" ;;
+  esac
 }
 
 zl_wait_ready() {

@@ -319,6 +319,72 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
     }
 }
 
+/// A lastresort running in-process, reading `bucket`/`prefix` at `endpoint`.
+pub struct LastresortHandle {
+    pub base: String,
+    pub state: Arc<lastresort::http::State>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LastresortHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub async fn spawn_lastresort(
+    infra: &Infra,
+    endpoint: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> LastresortHandle {
+    let mut argv: Vec<String> = [
+        "lastresort",
+        "--s3-endpoint",
+        endpoint,
+        "--s3-bucket",
+        &infra.s3_bucket,
+        "--s3-prefix",
+        prefix,
+        "--s3-access-key",
+        &infra.s3_access_key,
+        "--s3-secret-key",
+        &infra.s3_secret_key,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let cfg =
+        <lastresort::config::Config as clap::Parser>::try_parse_from(argv).expect("valid flags");
+    cfg.validate().expect("valid config");
+    let state =
+        lastresort::state(&cfg, Arc::new(lastresort::metrics::Metrics::new())).expect("state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let s3 = Arc::new(replicator::s3::S3Store::new(&cfg.s3));
+    let task = tokio::spawn(lastresort::run(
+        listener,
+        state.clone(),
+        s3,
+        shutdown.clone(),
+    ));
+    LastresortHandle {
+        base,
+        state,
+        shutdown,
+        task,
+    }
+}
+
 /// The release binaries `deploy/local/test` built.
 pub fn bin(name: &str) -> std::path::PathBuf {
     let dir =
@@ -334,11 +400,24 @@ pub fn repo_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-/// A Kafka broker of the test's own, started and stopped through deploy/local/lib.sh.
-pub struct OwnKafka {
-    pub brokers: String,
+/// A server of the test's own (a lib.sh component: kafka, s3), started and stopped through
+/// deploy/local/lib.sh, so a test can stop it without disturbing any other test.
+pub struct OwnServer {
+    component: &'static str,
     run_dir: tempdir::Dir,
     port_base: u16,
+}
+
+/// A Kafka broker of the test's own.
+pub struct OwnKafka {
+    pub brokers: String,
+    server: OwnServer,
+}
+
+/// A SeaweedFS S3 of the test's own (bucket and credentials as in the shared one).
+pub struct OwnS3 {
+    pub endpoint: String,
+    server: OwnServer,
 }
 
 mod tempdir {
@@ -350,7 +429,7 @@ mod tempdir {
     }
 }
 
-impl OwnKafka {
+impl OwnServer {
     fn lib(&self, action: &str) -> bool {
         std::process::Command::new("bash")
             .arg("-c")
@@ -363,32 +442,69 @@ impl OwnKafka {
             .unwrap_or(false)
     }
 
-    pub async fn start(port_base: u16) -> OwnKafka {
-        let dir =
-            std::env::temp_dir().join(format!("zlink-kafka-{}", uuid::Uuid::new_v4().simple()));
-        let k = OwnKafka {
-            brokers: format!("127.0.0.1:{}", port_base + 92),
+    fn new(component: &'static str, port_base: u16) -> OwnServer {
+        let dir = std::env::temp_dir().join(format!(
+            "zlink-{component}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        OwnServer {
+            component,
             run_dir: tempdir::Dir(dir),
             port_base,
-        };
-        k.up().await;
-        k
+        }
     }
 
     pub async fn up(&self) {
-        let ok = tokio::task::block_in_place(|| self.lib("zl_start kafka && zl_wait_ready kafka"));
-        assert!(ok, "private kafka did not start");
+        let c = self.component;
+        let ok =
+            tokio::task::block_in_place(|| self.lib(&format!("zl_start {c} && zl_wait_ready {c}")));
+        assert!(ok, "private {c} did not start");
     }
 
     pub async fn stop(&self) {
-        let ok = tokio::task::block_in_place(|| self.lib("zl_stop kafka 20"));
-        assert!(ok, "private kafka did not stop");
+        let c = self.component;
+        let ok = tokio::task::block_in_place(|| self.lib(&format!("zl_stop {c} 20")));
+        assert!(ok, "private {c} did not stop");
     }
 }
 
-impl Drop for OwnKafka {
+impl Drop for OwnServer {
     fn drop(&mut self) {
-        self.lib("zl_kill kafka");
+        self.lib(&format!("zl_kill {}", self.component));
+    }
+}
+
+impl OwnKafka {
+    pub async fn start(port_base: u16) -> OwnKafka {
+        let k = OwnKafka {
+            brokers: format!("127.0.0.1:{}", port_base + 92),
+            server: OwnServer::new("kafka", port_base),
+        };
+        k.server.up().await;
+        k
+    }
+    pub async fn up(&self) {
+        self.server.up().await
+    }
+    pub async fn stop(&self) {
+        self.server.stop().await
+    }
+}
+
+impl OwnS3 {
+    pub async fn start(port_base: u16) -> OwnS3 {
+        let s = OwnS3 {
+            endpoint: format!("http://127.0.0.1:{}", port_base + 33),
+            server: OwnServer::new("s3", port_base),
+        };
+        s.server.up().await;
+        s
+    }
+    pub async fn up(&self) {
+        self.server.up().await
+    }
+    pub async fn stop(&self) {
+        self.server.stop().await
     }
 }
 

@@ -1,0 +1,69 @@
+//! Typed configuration: flags with env-var fallbacks, validated at start.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use zlink_clients::s3::S3Config;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "lastresort",
+    version,
+    about = "zlink last-resort tier: redirects from S3 alone"
+)]
+pub struct Config {
+    #[arg(long, env = "ZLINK_LISTEN", default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// Name of this instance in logs.
+    #[arg(long, env = "ZLINK_INSTANCE", default_value = "lastresort")]
+    pub instance: String,
+    #[command(flatten)]
+    pub s3: S3Config,
+    /// Budget for one S3 lookup, milliseconds; past it a stale entry is served, or 503.
+    #[arg(long, env = "ZLINK_S3_BUDGET_MS", default_value_t = 300)]
+    pub s3_budget_ms: u64,
+    /// This host's memcached (host:port); empty disables it.
+    #[arg(long, env = "ZLINK_MEMCACHED", default_value = "")]
+    pub memcached: String,
+    #[arg(long, env = "ZLINK_MEMCACHED_TIMEOUT_MS", default_value_t = 20)]
+    pub memcached_timeout_ms: u64,
+    #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
+    pub memcached_ttl_s: u32,
+    /// How long a found link is served from memory before S3 is asked again, milliseconds.
+    #[arg(long, env = "ZLINK_FRESH_TTL_MS", default_value_t = 5000)]
+    pub fresh_ttl_ms: u64,
+    /// How long "no such object" is remembered, milliseconds.
+    #[arg(long, env = "ZLINK_MISSING_TTL_MS", default_value_t = 1000)]
+    pub missing_ttl_ms: u64,
+    /// How long the last known answer may be served while S3 is unreachable, seconds.
+    #[arg(long, env = "ZLINK_STALE_TTL_S", default_value_t = 86_400)]
+    pub stale_ttl_s: u64,
+    /// Memory budget of each in-process cache (fresh and stale), bytes.
+    #[arg(long, env = "ZLINK_LOCAL_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub local_cache_bytes: u64,
+    /// Cache-Control of redirects: must equal primary's --redirect-cache-control.
+    #[arg(
+        long,
+        env = "ZLINK_REDIRECT_CACHE_CONTROL",
+        default_value = "private, max-age=90"
+    )]
+    pub redirect_cache_control: String,
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), String> {
+        self.s3.validate()?;
+        if http::HeaderValue::from_str(&self.redirect_cache_control).is_err() {
+            return Err("--redirect-cache-control is not a valid header value".into());
+        }
+        if !(10..=10_000).contains(&self.s3_budget_ms) {
+            return Err("--s3-budget-ms must be between 10 and 10000".into());
+        }
+        if self.memcached_timeout_ms == 0 || self.memcached_timeout_ms > 1000 {
+            return Err("--memcached-timeout-ms must be between 1 and 1000".into());
+        }
+        if self.local_cache_bytes < 1024 * 1024 {
+            return Err("--local-cache-bytes must be at least 1 MiB".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,86 @@
+//! zlink lastresort: serves redirects from S3 alone when everything else is gone.
+//! It depends on nothing of primary's (no crate, no database, no calls): only S3 and the
+//! host's own memcached are on the redirect path (SYSTEM.md invariant 8).
+//!
+//! - [`config`]: flags with env fallbacks, validated at start.
+//! - [`lookup`]: in-process fresh/stale caches → memcached → S3, strict blob reading.
+//! - [`http`]: `GET|HEAD /{slug}`, `/healthz`, `/readyz`, `/metrics`, `/stats`.
+//! - [`metrics`]: Prometheus metrics and the local `/stats` aggregates.
+//!
+//! Not built yet: the on-disk click spool and its replay to Kafka (see ARCHITECTURE.md).
+
+pub mod config;
+pub mod http;
+pub mod lookup;
+pub mod metrics;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use zlink_clients::memcache::Memcache;
+use zlink_clients::s3::S3Store;
+
+/// Builds the shared state from a validated config.
+pub fn state(
+    cfg: &config::Config,
+    metrics: Arc<metrics::Metrics>,
+) -> Result<Arc<http::State>, String> {
+    let s3 = Arc::new(S3Store::new(&cfg.s3));
+    let memcached = (!cfg.memcached.trim().is_empty()).then(|| {
+        Arc::new(Memcache::new(
+            cfg.memcached.trim(),
+            8,
+            Duration::from_millis(cfg.memcached_timeout_ms),
+            Duration::from_secs(1),
+        ))
+    });
+    let lookup = lookup::Lookup::new(
+        lookup::LookupSettings {
+            fresh_ttl: Duration::from_millis(cfg.fresh_ttl_ms),
+            missing_ttl: Duration::from_millis(cfg.missing_ttl_ms),
+            stale_ttl: Duration::from_secs(cfg.stale_ttl_s),
+            capacity: cfg.local_cache_bytes,
+            s3_budget: Duration::from_millis(cfg.s3_budget_ms),
+            memcached_ttl_s: cfg.memcached_ttl_s,
+            memcached_prefix: format!("zlr:{}:{}", cfg.s3.s3_bucket, cfg.s3.s3_prefix),
+        },
+        memcached,
+        s3,
+        metrics.clone(),
+    );
+    Ok(Arc::new(http::State {
+        lookup,
+        metrics,
+        cache_control: ::http::HeaderValue::from_str(&cfg.redirect_cache_control)
+            .map_err(|e| e.to_string())?,
+        ready: false.into(),
+    }))
+}
+
+/// Serves on `listener` until `shutdown`; probes S3 every 2 s for `/readyz`.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<http::State>,
+    s3: Arc<S3Store>,
+    shutdown: CancellationToken,
+) {
+    let probe = {
+        let (state, shutdown) = (state.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                let ok = tokio::time::timeout(Duration::from_secs(1), s3.ping())
+                    .await
+                    .is_ok_and(|r| r.is_ok());
+                state.ready.store(ok, Ordering::Relaxed);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+        })
+    };
+    http::serve(listener, state, shutdown, Duration::from_secs(5)).await;
+    let _ = probe.await;
+}

@@ -1,0 +1,115 @@
+//! Every lastresort metric, registered in one place under `zlink_lastresort_`, plus the local
+//! `/stats` aggregates (this tier assumes no metrics system is alive).
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Requests by status code.
+    pub requests: IntCounterVec,
+    /// Lookups by the layer that answered: local, memcached, s3, stale.
+    pub lookups: IntCounterVec,
+    /// S3 GetObject latency, seconds.
+    pub s3_seconds: Histogram,
+    pub s3_errors: IntCounter,
+    /// Objects that were not exactly what the replicator writes (treated as missing).
+    pub malformed: IntCounter,
+    pub memcached_errors: IntCounterVec,
+    /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs).
+    pub redirects_total: AtomicU64,
+    pub per_slug: moka::sync::Cache<String, Arc<AtomicU64>>,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("zlink_lastresort".into()), None).expect("valid prefix");
+        let requests = IntCounterVec::new(
+            Opts::new("requests_total", "Requests by status"),
+            &["status"],
+        )
+        .expect("metric");
+        let lookups = IntCounterVec::new(
+            Opts::new("lookups_total", "Lookups by answering layer"),
+            &["layer"],
+        )
+        .expect("metric");
+        let s3_seconds = Histogram::with_opts(
+            HistogramOpts::new("s3_get_seconds", "S3 GetObject latency").buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+        )
+        .expect("metric");
+        let s3_errors =
+            IntCounter::new("s3_errors_total", "Failed or timed-out S3 reads").expect("metric");
+        let malformed = IntCounter::new(
+            "malformed_blobs_total",
+            "Objects refused by the blob parser",
+        )
+        .expect("metric");
+        let memcached_errors = IntCounterVec::new(
+            Opts::new("memcached_errors_total", "memcached failures by kind"),
+            &["kind"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(lookups.clone()),
+            Box::new(s3_seconds.clone()),
+            Box::new(s3_errors.clone()),
+            Box::new(malformed.clone()),
+            Box::new(memcached_errors.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        Metrics {
+            registry,
+            requests,
+            lookups,
+            s3_seconds,
+            s3_errors,
+            malformed,
+            memcached_errors,
+            redirects_total: AtomicU64::new(0),
+            per_slug: moka::sync::Cache::new(100_000),
+        }
+    }
+
+    pub fn redirected(&self, slug: &str) {
+        self.redirects_total.fetch_add(1, Ordering::Relaxed);
+        self.per_slug
+            .get_with_by_ref(slug, || Arc::new(AtomicU64::new(0)))
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        out
+    }
+
+    /// `/stats`: total redirects and the per-slug counts, busiest first (at most `top`).
+    pub fn stats(&self, top: usize) -> serde_json::Value {
+        let mut slugs: Vec<(String, u64)> = self
+            .per_slug
+            .iter()
+            .map(|(k, v)| ((*k).clone(), v.load(Ordering::Relaxed)))
+            .collect();
+        slugs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        slugs.truncate(top);
+        serde_json::json!({
+            "redirects_total": self.redirects_total.load(Ordering::Relaxed),
+            "slugs": slugs.into_iter().map(|(s, n)| serde_json::json!({"slug": s, "redirects": n})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

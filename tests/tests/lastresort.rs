@@ -1,0 +1,203 @@
+//! The last-resort tier against real S3 (and, for parity, the real primary → Kafka →
+//! replicator pipeline): SYSTEM.md invariants 7 (same answers as primary) and 8 (S3 only).
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::time::Duration;
+use zlink_e2e::*;
+use zlink_wire::blob::Blob;
+
+async fn get(url: &str) -> reqwest::Response {
+    client().get(url).send().await.expect("request")
+}
+
+fn answer(r: &reqwest::Response) -> (StatusCode, Option<String>, Option<String>) {
+    let h = |n: &str| r.headers().get(n).map(|v| v.to_str().unwrap().to_string());
+    (
+        r.status(),
+        h("location"),
+        h("cache-control").filter(|_| r.status().is_redirection()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lastresort_answers_like_primary_for_the_same_links() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
+    let p = spawn_primary(
+        &infra,
+        &ks,
+        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
+        None,
+    )
+    .await;
+    let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
+    let lr = spawn_lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &[]).await;
+    let key = create_key(&p.state, "alice", false).await;
+
+    let soon =
+        chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp_millis() + 3000)
+            .unwrap()
+            .to_rfc3339();
+    let bodies = [
+        json!({"url": "https://example.com/plain"}),
+        json!({"url": "https://example.com/moved?a=1&b=\"2\"", "slug": "moved-perm", "redirect_code": 301}),
+        json!({"url": "https://bücher.example/straße", "slug": "idn-link", "redirect_code": 308}),
+        json!({"url": "https://example.com/soon", "slug": "expires-soon", "expires_at": soon}),
+    ];
+    let mut slugs = Vec::new();
+    for b in bodies {
+        let c = create(&p.base, &key, b).await;
+        assert_eq!(c.status(), StatusCode::CREATED);
+        slugs.push(
+            c.json::<Value>().await.unwrap()["slug"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    for s in &slugs {
+        let u = infra.blob_url(&n.s3_prefix, s);
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                let u = u.clone();
+                async move { get(&u).await.status() == StatusCode::OK }
+            })
+            .await,
+            "{s} replicated"
+        );
+    }
+
+    let mut paths: Vec<String> = slugs.iter().map(|s| format!("/{s}")).collect();
+    paths.extend(["/never-created", "/abcDEF1", "/a", "/x%00y", "/a/b"].map(String::from));
+    for path in &paths {
+        let (a, b) = (get(&p.url(path)).await, get(&lr.url(path)).await);
+        assert_eq!(answer(&a), answer(&b), "{path}");
+        assert_eq!(
+            b.headers().get("x-zlink-tier").map(|v| v.to_str().unwrap()),
+            a.status().is_redirection().then_some("lastresort")
+        );
+    }
+
+    // After expiry both tiers say 410 (lastresort from the blob's own expiry, before any delete).
+    let (pu, lu) = (p.url("/expires-soon"), lr.url("/expires-soon"));
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let (pu, lu) = (pu.clone(), lu.clone());
+            async move {
+                get(&pu).await.status() == StatusCode::GONE
+                    && get(&lu).await.status() == StatusCode::GONE
+            }
+        })
+        .await,
+        "both tiers answer 410 once the link expired"
+    );
+
+    let stats: Value = get(&lr.url("/stats")).await.json().await.unwrap();
+    assert!(stats["redirects_total"].as_u64().unwrap() >= 3, "{stats}");
+    lr.stop().await;
+    r.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fast_503() {
+    let infra = Infra::from_env();
+    let s3 = OwnS3::start(27000).await;
+    let prefix = "lr-outage/";
+    let mut cfg = infra.s3_config(prefix);
+    cfg.s3_endpoint = s3.endpoint.clone();
+    let writer = replicator::s3::S3Store::new(&cfg);
+    for (slug, code) in [("warm-a", 302u16), ("warm-b", 307), ("cold-c", 302)] {
+        let b = Blob {
+            url: format!("https://example.com/{slug}"),
+            code,
+            version: 1,
+            expires_at_ms: None,
+        };
+        writer.put(slug, &b).await.unwrap();
+    }
+    writer
+        .put(
+            "broken",
+            &Blob {
+                url: "https://example.com/".into(),
+                code: 302,
+                version: 1,
+                expires_at_ms: None,
+            },
+        )
+        .await
+        .unwrap();
+    // A fresh TTL of 1 ms: every request goes back to S3, so the stale copy is what saves it.
+    let lr = spawn_lastresort(
+        &infra,
+        &s3.endpoint,
+        prefix,
+        &["--fresh-ttl-ms", "1", "--s3-budget-ms", "200"],
+    )
+    .await;
+    for slug in ["warm-a", "warm-b"] {
+        assert!(get(&lr.url(&format!("/{slug}")))
+            .await
+            .status()
+            .is_redirection());
+    }
+    let ready = lr.url("/readyz");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = ready.clone();
+            async move { get(&u).await.status() == StatusCode::OK }
+        })
+        .await
+    );
+
+    s3.stop().await;
+    for slug in ["warm-a", "warm-b"] {
+        let r = get(&lr.url(&format!("/{slug}"))).await;
+        assert!(
+            r.status().is_redirection(),
+            "{slug} with S3 down: {}",
+            r.status()
+        );
+        assert_eq!(
+            r.headers()["location"],
+            format!("https://example.com/{slug}").as_str()
+        );
+    }
+    let started = std::time::Instant::now();
+    let r = get(&lr.url("/cold-c")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "unavailable"
+    );
+    // Bounded by the S3 budget (200 ms), with generous slack for a loaded 2-core box.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "503 took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = ready.clone();
+            async move { get(&u).await.status() == StatusCode::SERVICE_UNAVAILABLE }
+        })
+        .await
+    );
+    assert!(lr.state.metrics.lookups.with_label_values(&["stale"]).get() >= 2);
+
+    // S3 back: the uncached slug resolves.
+    s3.up().await;
+    let cold = lr.url("/cold-c");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = cold.clone();
+            async move { get(&u).await.status() == StatusCode::FOUND }
+        })
+        .await
+    );
+    lr.stop().await;
+}
