@@ -29,6 +29,8 @@ pub enum McError {
     Io(#[from] std::io::Error),
     #[error("memcached protocol: {0}")]
     Protocol(String),
+    #[error("memcached value does not decode")]
+    Decode,
 }
 
 impl McError {
@@ -39,6 +41,7 @@ impl McError {
             McError::Timeout => "timeout",
             McError::Io(_) => "io",
             McError::Protocol(_) => "protocol",
+            McError::Decode => "decode",
         }
     }
 }
@@ -96,6 +99,39 @@ impl Memcache {
 
     pub async fn delete(&self, key: &str) -> Result<(), McError> {
         self.exec(Op::Delete(key)).await.map(|_| ())
+    }
+
+    /// A JSON value; one that does not decode is an error of kind `decode`.
+    pub async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, McError> {
+        match self.get(key).await? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|_| McError::Decode),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores a JSON value in the background: a redirect never waits for a cache fill.
+    /// `on_error` sees the failure (for the caller's metrics).
+    pub fn set_json_in_background<T: serde::Serialize>(
+        self: &std::sync::Arc<Self>,
+        key: String,
+        value: &T,
+        ttl_s: u32,
+        on_error: impl FnOnce(&McError) + Send + 'static,
+    ) {
+        let Ok(bytes) = serde_json::to_vec(value) else {
+            return;
+        };
+        let mc = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = mc.set(&key, &bytes, ttl_s).await {
+                on_error(&e);
+            }
+        });
     }
 
     fn now_ms(&self) -> u64 {

@@ -162,18 +162,12 @@ impl Lookup {
 
     async fn load(&self, slug: &str) -> Result<Answer, Unavailable> {
         if let Some(mc) = &self.memcached {
-            match mc.get(&self.mc_key(slug)).await {
-                Ok(Some(bytes)) => {
-                    if let Ok(t) = serde_json::from_slice::<Target>(&bytes) {
-                        self.metrics.lookups.with_label_values(&["memcached"]).inc();
-                        let answer = Answer::Found(Arc::new(t));
-                        self.stale.insert(slug.to_string(), answer.clone()).await;
-                        return Ok(answer);
-                    }
-                    self.metrics
-                        .memcached_errors
-                        .with_label_values(&["decode"])
-                        .inc();
+            match mc.get_json::<Target>(&self.mc_key(slug)).await {
+                Ok(Some(t)) => {
+                    self.metrics.lookups.with_label_values(&["memcached"]).inc();
+                    let answer = Answer::Found(Arc::new(t));
+                    self.stale.insert(slug.to_string(), answer.clone()).await;
+                    return Ok(answer);
                 }
                 Ok(None) => {}
                 Err(e) => self
@@ -219,22 +213,19 @@ impl Lookup {
     }
 
     fn fill_memcached(&self, slug: &str, t: &Target) {
-        let (Some(mc), Ok(bytes)) = (self.memcached.clone(), serde_json::to_vec(t)) else {
-            return;
-        };
-        let (key, ttl, metrics) = (
+        let Some(mc) = &self.memcached else { return };
+        let metrics = self.metrics.clone();
+        mc.set_json_in_background(
             self.mc_key(slug),
+            t,
             self.settings.memcached_ttl_s,
-            self.metrics.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = mc.set(&key, &bytes, ttl).await {
+            move |e| {
                 metrics
                     .memcached_errors
                     .with_label_values(&[e.kind()])
                     .inc();
-            }
-        });
+            },
+        );
     }
 }
 

@@ -131,18 +131,11 @@ impl RedirectCache {
 
     async fn load(&self, slug: &str) -> Result<Lookup, StoreError> {
         if let Some(mc) = &self.memcached {
-            match mc.get(&self.mc_key(slug)).await {
-                Ok(Some(bytes)) => match serde_json::from_slice::<CachedLink>(&bytes) {
-                    Ok(link) => {
-                        self.metrics.lookups.with_label_values(&["memcached"]).inc();
-                        return Ok(Lookup::Found(Arc::new(link)));
-                    }
-                    Err(_) => self
-                        .metrics
-                        .memcached_errors
-                        .with_label_values(&["decode"])
-                        .inc(),
-                },
+            match mc.get_json::<CachedLink>(&self.mc_key(slug)).await {
+                Ok(Some(link)) => {
+                    self.metrics.lookups.with_label_values(&["memcached"]).inc();
+                    return Ok(Lookup::Found(Arc::new(link)));
+                }
                 Ok(None) => {}
                 Err(e) => self
                     .metrics
@@ -172,25 +165,19 @@ impl RedirectCache {
 
     /// Writes back to memcached in the background; the redirect never waits for it.
     fn fill_memcached(&self, slug: &str, link: &CachedLink) {
-        let Some(mc) = self.memcached.clone() else {
-            return;
-        };
-        let Ok(bytes) = serde_json::to_vec(link) else {
-            return;
-        };
-        let (key, ttl, metrics) = (
+        let Some(mc) = &self.memcached else { return };
+        let metrics = self.metrics.clone();
+        mc.set_json_in_background(
             self.mc_key(slug),
+            link,
             self.settings.memcached_ttl_s,
-            self.metrics.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = mc.set(&key, &bytes, ttl).await {
+            move |e| {
                 metrics
                     .memcached_errors
                     .with_label_values(&[e.kind()])
                     .inc();
-            }
-        });
+            },
+        );
     }
 
     /// Forgets a slug in this instance only (a create: memcached never holds "missing").
