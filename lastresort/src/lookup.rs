@@ -86,7 +86,14 @@ pub struct LookupSettings {
     pub memcached_prefix: String,
 }
 
+/// After an S3 failure, S3 is skipped for this long: during an outage uncached slugs get their
+/// 503 in microseconds instead of waiting out the S3 budget each time.
+const S3_BACKOFF: Duration = Duration::from_secs(1);
+
 pub struct Lookup {
+    /// Milliseconds since `epoch` before which S3 is not asked.
+    s3_down_until_ms: std::sync::atomic::AtomicU64,
+    epoch: Instant,
     fresh: Cache<String, Answer>,
     stale: Cache<String, Answer>,
     memcached: Option<Arc<Memcache>>,
@@ -124,6 +131,8 @@ impl Lookup {
             .time_to_live(settings.stale_ttl)
             .build();
         Lookup {
+            s3_down_until_ms: 0.into(),
+            epoch: Instant::now(),
             fresh,
             stale,
             memcached,
@@ -177,6 +186,16 @@ impl Lookup {
                     .inc(),
             }
         }
+        use std::sync::atomic::Ordering;
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        if now_ms < self.s3_down_until_ms.load(Ordering::Relaxed) {
+            return Err(Unavailable("S3 failed recently; backing off".into()));
+        }
+        let mark_down = || {
+            let until = self.epoch.elapsed() + S3_BACKOFF;
+            self.s3_down_until_ms
+                .store(until.as_millis() as u64, Ordering::Relaxed);
+        };
         let started = Instant::now();
         let got = tokio::time::timeout(self.settings.s3_budget, self.s3.get(slug)).await;
         self.metrics
@@ -186,10 +205,12 @@ impl Lookup {
             Ok(Ok(o)) => o,
             Ok(Err(e)) => {
                 self.metrics.s3_errors.inc();
+                mark_down();
                 return Err(Unavailable(e.to_string()));
             }
             Err(_) => {
                 self.metrics.s3_errors.inc();
+                mark_down();
                 return Err(Unavailable("timeout".into()));
             }
         };
