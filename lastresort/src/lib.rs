@@ -60,17 +60,12 @@ pub fn state(
 }
 
 /// Serves on `listener` until `shutdown`; probes S3 every 2 s for `/readyz`.
-pub async fn run(
-    listener: TcpListener,
-    state: Arc<http::State>,
-    s3: Arc<S3Store>,
-    shutdown: CancellationToken,
-) {
+pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: CancellationToken) {
     let probe = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
         tokio::spawn(async move {
             loop {
-                let ok = tokio::time::timeout(Duration::from_secs(1), s3.ping())
+                let ok = tokio::time::timeout(Duration::from_secs(1), state.lookup.s3().ping())
                     .await
                     .is_ok_and(|r| r.is_ok());
                 state.ready.store(ok, Ordering::Relaxed);

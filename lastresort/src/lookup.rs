@@ -142,6 +142,11 @@ impl Lookup {
         }
     }
 
+    /// The S3 client lookups use (also what `/readyz` probes).
+    pub fn s3(&self) -> &Arc<S3Store> {
+        &self.s3
+    }
+
     pub async fn resolve(&self, slug: &str) -> Result<Answer, Unavailable> {
         let entry = self
             .fresh

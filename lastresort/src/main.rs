@@ -3,7 +3,6 @@ use clap::Parser;
 use lastresort::config::Config;
 use lastresort::metrics::Metrics;
 use std::sync::Arc;
-use zlink_clients::s3::S3Store;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -18,6 +17,6 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, bucket = %cfg.s3.s3_bucket, "lastresort serving");
-    lastresort::run(listener, state, Arc::new(S3Store::new(&cfg.s3)), shutdown).await;
+    lastresort::run(listener, state, shutdown).await;
     Ok(())
 }

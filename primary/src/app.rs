@@ -16,7 +16,6 @@ use zlink_wire::slug::SlugCodec;
 
 /// Request-time settings derived from the validated config.
 pub struct Settings {
-    pub instance: String,
     pub public_base_url: String,
     pub redirect_code: u16,
     pub cache_control: HeaderValue,
@@ -67,7 +66,6 @@ impl AppState {
             metrics.clone(),
         );
         let settings = Settings {
-            instance: cfg.instance.clone(),
             public_base_url: cfg.public_base_url.clone(),
             redirect_code: cfg.redirect_code,
             cache_control: HeaderValue::from_str(&cfg.redirect_cache_control)

@@ -21,8 +21,6 @@ pub struct Metrics {
     pub memcached_errors: IntCounterVec,
     /// Events handed to the event sink, by topic and kind.
     pub events: IntCounterVec,
-    /// Click events dropped because the click queue was full.
-    pub clicks_dropped: IntCounter,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
 }
@@ -73,11 +71,6 @@ impl Metrics {
             &["topic", "kind"],
         )
         .expect("valid metric");
-        let clicks_dropped = IntCounter::new(
-            "clicks_dropped_total",
-            "Click events dropped because the queue was full",
-        )
-        .expect("valid metric");
         let publish_errors = IntCounter::new(
             "publish_errors_total",
             "Kafka publish failures (retried from the outbox)",
@@ -92,7 +85,6 @@ impl Metrics {
             Box::new(store_errors.clone()),
             Box::new(memcached_errors.clone()),
             Box::new(events.clone()),
-            Box::new(clicks_dropped.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -105,7 +97,6 @@ impl Metrics {
             store_errors,
             memcached_errors,
             events,
-            clicks_dropped,
             publish_errors,
         }
     }

@@ -370,13 +370,7 @@ pub async fn spawn_lastresort(
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let shutdown = CancellationToken::new();
-    let s3 = Arc::new(replicator::s3::S3Store::new(&cfg.s3));
-    let task = tokio::spawn(lastresort::run(
-        listener,
-        state.clone(),
-        s3,
-        shutdown.clone(),
-    ));
+    let task = tokio::spawn(lastresort::run(listener, state.clone(), shutdown.clone()));
     LastresortHandle {
         base,
         state,
