@@ -8,7 +8,7 @@ use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use std::collections::HashMap;
 use std::time::Duration;
-use zlink_wire::blob::{self, Blob};
+use zlink_wire::blob::{self, Blob, Tombstone};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct S3Config {
@@ -103,6 +103,14 @@ fn status_of<E>(e: &SdkError<E, aws_smithy_runtime_api::http::Response>) -> Opti
     e.raw_response().map(|r| r.status().as_u16())
 }
 
+/// A key listed under the prefix: a blob, a tombstone, or something we never write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind<'a> {
+    Blob(&'a str),
+    Tombstone(&'a str),
+    Other,
+}
+
 /// A stored blob object: its body and user metadata.
 pub struct StoredObject {
     pub body: Vec<u8>,
@@ -152,12 +160,6 @@ impl S3Store {
         blob::object_key(&self.prefix, slug)
     }
 
-    /// The slug of a key under our prefix, if it is one.
-    pub fn slug_of<'a>(&self, key: &'a str) -> Option<&'a str> {
-        key.strip_prefix(&self.prefix)
-            .filter(|s| zlink_wire::slug::is_valid_slug(s))
-    }
-
     pub async fn put(&self, slug: &str, b: &Blob) -> Result<(), S3Error> {
         let metadata: HashMap<String, String> = blob::metadata(b)
             .into_iter()
@@ -194,11 +196,15 @@ impl S3Store {
     }
 
     pub async fn get(&self, slug: &str) -> Result<Option<StoredObject>, S3Error> {
+        self.get_key(&self.key(slug)).await
+    }
+
+    pub async fn get_key(&self, key: &str) -> Result<Option<StoredObject>, S3Error> {
         match self
             .client
             .get_object()
             .bucket(&self.bucket)
-            .key(self.key(slug))
+            .key(key)
             .send()
             .await
         {
@@ -216,6 +222,56 @@ impl S3Store {
             Err(e) if status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(classify(e)),
         }
+    }
+
+    pub fn tombstone_key(&self, slug: &str) -> String {
+        blob::tombstone_key(&self.prefix, slug)
+    }
+
+    /// Writes the tombstone of a disabled or expired link (see [`blob::tombstone_key`]).
+    pub async fn put_tombstone(&self, slug: &str, t: &Tombstone) -> Result<(), S3Error> {
+        let metadata: HashMap<String, String> = blob::tombstone_metadata(t)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.tombstone_key(slug))
+            .body(ByteStream::from_static(blob::TOMBSTONE_BODY.as_bytes()))
+            .content_type("text/plain; charset=utf-8")
+            .set_metadata(Some(metadata))
+            .send()
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+
+    pub async fn delete_tombstone(&self, slug: &str) -> Result<(), S3Error> {
+        self.delete_key(&self.tombstone_key(slug)).await
+    }
+
+    /// The tombstone of `slug`, if there is a well-formed one.
+    pub async fn get_tombstone(&self, slug: &str) -> Result<Option<Tombstone>, S3Error> {
+        Ok(self
+            .get_key(&self.tombstone_key(slug))
+            .await?
+            .and_then(|o| blob::parse_tombstone(|k| o.metadata.get(k).map(String::as_str)).ok()))
+    }
+
+    /// What a listed key under our prefix is.
+    pub fn kind_of<'a>(&self, key: &'a str) -> KeyKind<'a> {
+        let Some(rest) = key.strip_prefix(&self.prefix) else {
+            return KeyKind::Other;
+        };
+        if let Some(s) = rest.strip_prefix(blob::TOMBSTONE_DIR) {
+            if zlink_wire::slug::is_valid_slug(s) {
+                return KeyKind::Tombstone(s);
+            }
+        } else if zlink_wire::slug::is_valid_slug(rest) {
+            return KeyKind::Blob(rest);
+        }
+        KeyKind::Other
     }
 
     /// One page of keys under the prefix, and the token of the next page.

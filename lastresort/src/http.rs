@@ -53,6 +53,14 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+fn gone() -> Resp {
+    error(
+        StatusCode::GONE,
+        "gone",
+        "this link has been disabled or has expired",
+    )
+}
+
 async fn redirect(state: &State, slug: &str) -> Resp {
     if !slug::is_valid_slug(slug) {
         return error(StatusCode::NOT_FOUND, "not_found", "not found");
@@ -60,6 +68,7 @@ async fn redirect(state: &State, slug: &str) -> Resp {
     let target = match state.lookup.resolve(slug).await {
         Ok(Answer::Found(t)) => t,
         Ok(Answer::Missing) => return error(StatusCode::NOT_FOUND, "not_found", "not found"),
+        Ok(Answer::Gone) => return gone(),
         // Fast 503, so the nginx in front moves to the next rung.
         Err(_) => {
             return error(
@@ -70,11 +79,7 @@ async fn redirect(state: &State, slug: &str) -> Resp {
         }
     };
     if target.exp.is_some_and(|e| e <= now_ms()) {
-        return error(
-            StatusCode::GONE,
-            "gone",
-            "this link has been disabled or has expired",
-        );
+        return gone();
     }
     let (Ok(location), Ok(code)) = (
         HeaderValue::from_str(&target.url),

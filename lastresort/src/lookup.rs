@@ -29,6 +29,8 @@ pub struct Target {
 #[derive(Debug, Clone)]
 pub enum Answer {
     Found(Arc<Target>),
+    /// No blob, but a tombstone: the link exists and is disabled or expired (410).
+    Gone,
     Missing,
 }
 
@@ -62,6 +64,13 @@ pub fn target_of(
     }
 }
 
+/// What S3 holds for a slug.
+enum Stored {
+    Blob(zlink_clients::s3::StoredObject),
+    Tombstone,
+    Nothing,
+}
+
 struct TtlByKind {
     found: Duration,
     missing: Duration,
@@ -70,7 +79,7 @@ struct TtlByKind {
 impl Expiry<String, Answer> for TtlByKind {
     fn expire_after_create(&self, _: &String, v: &Answer, _: Instant) -> Option<Duration> {
         Some(match v {
-            Answer::Found(_) => self.found,
+            Answer::Found(_) | Answer::Gone => self.found,
             Answer::Missing => self.missing,
         })
     }
@@ -105,7 +114,7 @@ pub struct Lookup {
 fn weigh(k: &str, v: &Answer) -> u32 {
     let n = match v {
         Answer::Found(t) => t.url.len(),
-        Answer::Missing => 0,
+        Answer::Gone | Answer::Missing => 0,
     };
     u32::try_from(k.len() + n + 96).unwrap_or(u32::MAX)
 }
@@ -202,7 +211,16 @@ impl Lookup {
                 .store(until.as_millis() as u64, Ordering::Relaxed);
         };
         let started = Instant::now();
-        let got = tokio::time::timeout(self.settings.s3_budget, self.s3.get(slug)).await;
+        // A missing blob costs a second read: the tombstone tells disabled/expired (410) from
+        // unknown (404). Both reads share one budget.
+        let read = async {
+            Ok::<_, zlink_clients::s3::S3Error>(match self.s3.get(slug).await? {
+                Some(o) => Stored::Blob(o),
+                None if self.s3.get_tombstone(slug).await?.is_some() => Stored::Tombstone,
+                None => Stored::Nothing,
+            })
+        };
+        let got = tokio::time::timeout(self.settings.s3_budget, read).await;
         self.metrics
             .s3_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -221,8 +239,9 @@ impl Lookup {
         };
         self.metrics.lookups.with_label_values(&["s3"]).inc();
         let answer = match object {
-            None => Answer::Missing,
-            Some(o) => match target_of(&o.metadata, &o.body) {
+            Stored::Nothing => Answer::Missing,
+            Stored::Tombstone => Answer::Gone,
+            Stored::Blob(o) => match target_of(&o.metadata, &o.body) {
                 Some(t) => {
                     self.fill_memcached(slug, &t);
                     Answer::Found(Arc::new(t))

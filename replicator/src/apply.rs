@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use zlink_wire::blob::Blob;
+use zlink_wire::blob::{Blob, GoneReason, Tombstone};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
 
@@ -63,9 +63,25 @@ pub fn decode(payload: Option<&[u8]>) -> Result<LinkEvent, ApplyError> {
     Ok(ev)
 }
 
-/// What S3 should hold for this event: the blob, or nothing.
-pub fn desired(ev: &LinkEvent, now_ms: i64) -> Option<Blob> {
-    blob_if_live(
+/// What S3 should hold for a link: its blob while it redirects, else a tombstone (and no blob).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Desired {
+    Blob(Blob),
+    Tombstone(Tombstone),
+}
+
+impl Desired {
+    pub fn blob(&self) -> Option<&Blob> {
+        match self {
+            Desired::Blob(b) => Some(b),
+            Desired::Tombstone(_) => None,
+        }
+    }
+}
+
+/// What S3 should hold after this event.
+pub fn desired(ev: &LinkEvent, now_ms: i64) -> Desired {
+    desired_state(
         ev.status,
         &ev.url,
         ev.redirect_code,
@@ -76,8 +92,8 @@ pub fn desired(ev: &LinkEvent, now_ms: i64) -> Option<Blob> {
 }
 
 /// What S3 should hold for a link as stored: the same rule as for events.
-pub fn desired_for_link(l: &primary::store::Link, now_ms: i64) -> Option<Blob> {
-    blob_if_live(
+pub fn desired_for_link(l: &primary::store::Link, now_ms: i64) -> Desired {
+    desired_state(
         l.status,
         &l.url,
         l.redirect_code,
@@ -87,21 +103,30 @@ pub fn desired_for_link(l: &primary::store::Link, now_ms: i64) -> Option<Blob> {
     )
 }
 
-fn blob_if_live(
+fn desired_state(
     status: LinkStatus,
     url: &str,
     code: u16,
     version: i64,
     exp: Option<i64>,
     now_ms: i64,
-) -> Option<Blob> {
-    let live = status == LinkStatus::Active && exp.is_none_or(|e| e > now_ms);
-    live.then(|| Blob {
-        url: url.to_string(),
-        code,
-        version,
-        expires_at_ms: exp,
-    })
+) -> Desired {
+    match status {
+        LinkStatus::Active if exp.is_none_or(|e| e > now_ms) => Desired::Blob(Blob {
+            url: url.to_string(),
+            code,
+            version,
+            expires_at_ms: exp,
+        }),
+        LinkStatus::Disabled => Desired::Tombstone(Tombstone {
+            reason: GoneReason::Disabled,
+            version,
+        }),
+        LinkStatus::Active | LinkStatus::Expired => Desired::Tombstone(Tombstone {
+            reason: GoneReason::Expired,
+            version,
+        }),
+    }
 }
 
 enum Failure {
@@ -189,15 +214,25 @@ impl Applier {
         if ev.version <= recorded {
             return Ok(Outcome::Skipped);
         }
+        // Write the new state before removing the old one: a reader in between sees the link as
+        // it was, never as unknown.
         let outcome = match desired(ev, self.clock.now_ms()) {
-            Some(blob) => {
+            Desired::Blob(blob) => {
                 self.retry("put blob", shutdown, || async {
                     Ok(self.s3.put(&ev.slug, &blob).await?)
                 })
                 .await?;
+                self.retry("delete tombstone", shutdown, || async {
+                    Ok(self.s3.delete_tombstone(&ev.slug).await?)
+                })
+                .await?;
                 Outcome::Put
             }
-            None => {
+            Desired::Tombstone(t) => {
+                self.retry("put tombstone", shutdown, || async {
+                    Ok(self.s3.put_tombstone(&ev.slug, &t).await?)
+                })
+                .await?;
                 self.retry("delete blob", shutdown, || async {
                     Ok(self.s3.delete(&ev.slug).await?)
                 })
@@ -237,12 +272,24 @@ mod tests {
     }
 
     #[test]
-    fn only_active_unexpired_links_have_a_blob() {
-        assert!(desired(&ev(LinkStatus::Active, None), 10).is_some());
-        assert!(desired(&ev(LinkStatus::Active, Some(11)), 10).is_some());
-        assert!(desired(&ev(LinkStatus::Active, Some(10)), 10).is_none());
-        assert!(desired(&ev(LinkStatus::Disabled, None), 10).is_none());
-        assert!(desired(&ev(LinkStatus::Expired, None), 10).is_none());
+    fn only_active_unexpired_links_have_a_blob_the_rest_a_tombstone() {
+        let gone = |reason| Desired::Tombstone(Tombstone { reason, version: 1 });
+        assert!(desired(&ev(LinkStatus::Active, None), 10).blob().is_some());
+        assert!(desired(&ev(LinkStatus::Active, Some(11)), 10)
+            .blob()
+            .is_some());
+        assert_eq!(
+            desired(&ev(LinkStatus::Active, Some(10)), 10),
+            gone(GoneReason::Expired)
+        );
+        assert_eq!(
+            desired(&ev(LinkStatus::Disabled, None), 10),
+            gone(GoneReason::Disabled)
+        );
+        assert_eq!(
+            desired(&ev(LinkStatus::Expired, None), 10),
+            gone(GoneReason::Expired)
+        );
     }
 
     #[test]

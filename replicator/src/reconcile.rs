@@ -3,12 +3,12 @@
 //! Phase 1 walks the token ring in `splits` ranges, a page of 500 links at a time, and checks
 //! each link's object (GET: body byte-for-byte against the rendered blob, and metadata), with
 //! at most `concurrency` checks in flight. Phase 2 lists the bucket under the prefix, a page of
-//! 1000 keys at a time, and flags objects with no live link. Memory is bounded by the page
+//! 1000 keys at a time, and flags blobs with no link and tombstones with no gone link. Memory is bounded by the page
 //! sizes. Before a repair the link is re-read (SERIAL), so a link that changed meanwhile is
 //! left to the replicator instead of being overwritten with what reconcile saw earlier.
 
-use crate::apply::desired_for_link;
-use crate::s3::{S3Error, S3Store};
+use crate::apply::{desired_for_link, Desired};
+use crate::s3::{KeyKind, S3Error, S3Store};
 use primary::store::{ScanPage, Store, StoreError};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -29,11 +29,12 @@ pub struct ReconcileArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drift {
-    /// A live link without its object.
+    /// A live link without its blob, or a disabled/expired one without its tombstone.
     Missing,
-    /// An object whose body or metadata is not what the link renders to.
+    /// A blob or tombstone that is not what the link renders to.
     Stale,
-    /// An object with no live link (disabled, expired, unknown or foreign key).
+    /// A blob with no live link (disabled, expired, unknown or foreign key), or a tombstone of a
+    /// live or unknown link.
     Orphan,
 }
 
@@ -90,13 +91,18 @@ enum Checked {
 async fn check_link(ctx: &Ctx, link: primary::store::Link) -> Result<Checked, ReconcileError> {
     let want = desired_for_link(&link, ctx.now_ms);
     let have = ctx.s3.get(&link.slug).await?;
-    let drift = match (&want, &have) {
-        (Some(_), None) => Drift::Missing,
-        (Some(w), Some(obj)) if !matches(obj, w) => Drift::Stale,
-        (None, Some(_)) => Drift::Orphan,
-        _ => return Ok(Checked::Ok),
+    let (drift, what) = match (&want, &have) {
+        (Desired::Blob(_), None) => (Drift::Missing, "blob"),
+        (Desired::Blob(w), Some(obj)) if !matches(obj, w) => (Drift::Stale, "blob"),
+        (Desired::Blob(_), Some(_)) => return Ok(Checked::Ok),
+        (Desired::Tombstone(_), Some(_)) => (Drift::Orphan, "blob"),
+        (Desired::Tombstone(t), None) => match ctx.s3.get_tombstone(&link.slug).await? {
+            None => (Drift::Missing, "tombstone"),
+            Some(have) if have != *t => (Drift::Stale, "tombstone"),
+            Some(_) => return Ok(Checked::Ok),
+        },
     };
-    let detail = format!("version={} status={}", link.version, link.status);
+    let detail = format!("{what} version={} status={}", link.version, link.status);
     if ctx.dry_run {
         return Ok(Checked::Drift(drift, detail));
     }
@@ -105,8 +111,11 @@ async fn check_link(ctx: &Ctx, link: primary::store::Link) -> Result<Checked, Re
         return Ok(Checked::Changed);
     }
     match want {
-        Some(b) => ctx.s3.put(&link.slug, &b).await?,
-        None => ctx.s3.delete(&link.slug).await?,
+        Desired::Blob(b) => ctx.s3.put(&link.slug, &b).await?,
+        Desired::Tombstone(t) => {
+            ctx.s3.put_tombstone(&link.slug, &t).await?;
+            ctx.s3.delete(&link.slug).await?;
+        }
     }
     ctx.store
         .replica_version_set(&link.slug, link.version)
@@ -203,10 +212,16 @@ pub async fn reconcile(
         let (keys, next) = ctx.s3.list_page(token).await?;
         for key in keys {
             report.objects += 1;
-            let known = match ctx.s3.slug_of(&key) {
-                Some(slug) => ctx.store.get_link(slug).await?.is_some(),
-                None => false,
-            };
+            // Blobs of known links were checked in phase 1; a tombstone belongs only to a
+            // link that must not redirect.
+            let known =
+                match ctx.s3.kind_of(&key) {
+                    KeyKind::Blob(slug) => ctx.store.get_link(slug).await?.is_some(),
+                    KeyKind::Tombstone(slug) => ctx.store.get_link(slug).await?.is_some_and(|l| {
+                        matches!(desired_for_link(&l, now_ms), Desired::Tombstone(_))
+                    }),
+                    KeyKind::Other => false,
+                };
             if known {
                 continue;
             }

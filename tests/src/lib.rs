@@ -531,6 +531,18 @@ pub async fn create(base: &str, key: &str, body: serde_json::Value) -> reqwest::
 }
 
 /// An HTTP client that never follows redirects (we assert on them).
+/// PATCHes a link's status through the API and asserts 200.
+pub async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
+    let r = client()
+        .patch(format!("{base}/api/v1/links/{slug}"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "status": status }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK, "PATCH {slug} {status}");
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

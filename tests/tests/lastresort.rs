@@ -46,6 +46,7 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
         json!({"url": "https://example.com/moved?a=1&b=\"2\"", "slug": "moved-perm", "redirect_code": 301}),
         json!({"url": "https://bücher.example/straße", "slug": "idn-link", "redirect_code": 308}),
         json!({"url": "https://example.com/soon", "slug": "expires-soon", "expires_at": soon}),
+        json!({"url": "https://example.com/off", "slug": "disabled-one"}),
     ];
     let mut slugs = Vec::new();
     for b in bodies {
@@ -69,6 +70,22 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
             "{s} replicated"
         );
     }
+
+    // Disabled after replication: the blob goes, a tombstone stays, both tiers say 410.
+    set_status(&p.base, &key, "disabled-one", "DISABLED").await;
+    let u = infra.blob_url(&n.s3_prefix, "disabled-one");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let u = u.clone();
+            async move { get(&u).await.status() == StatusCode::NOT_FOUND }
+        })
+        .await,
+        "disabled link's blob deleted"
+    );
+    assert_eq!(
+        get(&lr.url("/disabled-one")).await.status(),
+        StatusCode::GONE
+    );
 
     let mut paths: Vec<String> = slugs.iter().map(|s| format!("/{s}")).collect();
     paths.extend(["/never-created", "/abcDEF1", "/a", "/x%00y", "/a/b"].map(String::from));

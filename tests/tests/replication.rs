@@ -9,17 +9,6 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::blob::{self, Blob};
 
-async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
-    let r = client()
-        .patch(format!("{base}/api/v1/links/{slug}"))
-        .bearer_auth(key)
-        .json(&json!({ "status": status }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-}
-
 /// Unsigned GET of the blob, as nginx would do it.
 async fn blob_status(url: &str) -> StatusCode {
     client()
@@ -123,10 +112,24 @@ async fn created_link_is_in_s3_as_the_specified_blob_disable_removes_it_enable_r
         wait_blob(&url, StatusCode::NOT_FOUND, Duration::from_secs(5)).await,
         "disabled link's blob deleted"
     );
+    let gone = r.s3.get_tombstone(&slug).await.unwrap();
+    assert_eq!(
+        gone.map(|t| (t.reason, t.version)),
+        Some((blob::GoneReason::Disabled, 2)),
+        "the tombstone is written before the blob is deleted"
+    );
     set_status(&p.base, &key, &slug, "ACTIVE").await;
     assert!(
         wait_blob(&url, StatusCode::OK, Duration::from_secs(5)).await,
         "re-enabled link's blob back"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let (s3, slug) = (r.s3.clone(), slug.clone());
+            async move { s3.get_tombstone(&slug).await.unwrap().is_none() }
+        })
+        .await,
+        "re-enabled link's tombstone removed"
     );
     let text = client()
         .get(&url)
@@ -347,11 +350,17 @@ async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
         .unwrap();
     s3.put("rec-disabled", &gone).await.unwrap();
     s3.put("no-such-link", &gone).await.unwrap();
+    // A tombstone of a live link would make lastresort answer 410 for it.
+    let tomb = blob::Tombstone {
+        reason: blob::GoneReason::Disabled,
+        version: 1,
+    };
+    s3.put_tombstone("rec-ok", &tomb).await.unwrap();
 
     let (dry, lines) = run(true).await;
     assert_eq!(
         (dry.missing, dry.stale, dry.orphans, dry.repaired),
-        (1, 1, 2, 0),
+        (1, 1, 3, 0),
         "{dry:?} {lines:?}"
     );
     assert!(
@@ -370,8 +379,23 @@ async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
         "{lines:?}"
     );
 
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with(&format!("orphan\t{}.gone/rec-ok\t", n.s3_prefix))),
+        "{lines:?}"
+    );
+
     let (fixed, _) = run(false).await;
-    assert_eq!(fixed.repaired, 4, "{fixed:?}");
+    assert_eq!(fixed.repaired, 5, "{fixed:?}");
+    assert!(s3.get_tombstone("rec-ok").await.unwrap().is_none());
+    assert_eq!(
+        s3.get_tombstone("rec-disabled").await.unwrap(),
+        Some(blob::Tombstone {
+            reason: blob::GoneReason::Disabled,
+            version: 2
+        })
+    );
     let (after, lines) = run(true).await;
     assert_eq!(after.drift(), 0, "{after:?} {lines:?}");
     let text = client()

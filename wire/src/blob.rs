@@ -25,6 +25,8 @@ pub mod meta {
     pub const CODE: &str = "zlink-code";
     pub const VERSION: &str = "zlink-version";
     pub const EXPIRES_MS: &str = "zlink-expires-ms";
+    /// Tombstones only: `DISABLED` or `EXPIRED`.
+    pub const STATUS: &str = "zlink-status";
 }
 
 pub const SCHEMA_VERSION: u32 = 1;
@@ -237,6 +239,67 @@ pub fn object_key(prefix: &str, slug: &str) -> String {
     format!("{prefix}{slug}")
 }
 
+/// Folder of tombstones under the prefix. `.` is not in the slug alphabet, so no blob key can
+/// ever be or contain it, and nginx (which fetches `<prefix><slug>`) can never serve one.
+pub const TOMBSTONE_DIR: &str = ".gone/";
+
+/// Tombstones: a link that exists but must not redirect (disabled or expired) has no blob
+/// (SYSTEM.md) but a tombstone at `<prefix>.gone/<slug>`, so that lastresort answers 410 like
+/// primary instead of 404. Body: [`TOMBSTONE_BODY`]; everything is in metadata.
+pub fn tombstone_key(prefix: &str, slug: &str) -> String {
+    debug_assert!(crate::slug::is_valid_slug(slug));
+    format!("{prefix}{TOMBSTONE_DIR}{slug}")
+}
+
+pub const TOMBSTONE_BODY: &str = "gone\n";
+
+/// Why a link has a tombstone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoneReason {
+    Disabled,
+    Expired,
+}
+
+impl GoneReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GoneReason::Disabled => "DISABLED",
+            GoneReason::Expired => "EXPIRED",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tombstone {
+    pub reason: GoneReason,
+    pub version: i64,
+}
+
+pub fn tombstone_metadata(t: &Tombstone) -> Vec<(&'static str, String)> {
+    vec![
+        (meta::SCHEMA, SCHEMA_VERSION.to_string()),
+        (meta::STATUS, t.reason.as_str().to_string()),
+        (meta::VERSION, t.version.to_string()),
+    ]
+}
+
+/// Reads a tombstone's metadata; strict: anything else is not a tombstone.
+pub fn parse_tombstone<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Tombstone, BlobError> {
+    if get(meta::SCHEMA) != Some(&*SCHEMA_VERSION.to_string()) {
+        return Err(BlobError::Metadata);
+    }
+    let reason = match get(meta::STATUS) {
+        Some("DISABLED") => GoneReason::Disabled,
+        Some("EXPIRED") => GoneReason::Expired,
+        _ => return Err(BlobError::Metadata),
+    };
+    let version: i64 = get(meta::VERSION)
+        .and_then(|v| v.parse().ok())
+        .filter(|v| *v >= 1)
+        .ok_or(BlobError::Metadata)?;
+    Ok(Tombstone { reason, version })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +313,24 @@ mod tests {
             version: 3,
             expires_at_ms: None,
         }
+    }
+
+    #[test]
+    fn tombstones_round_trip_and_live_outside_the_slug_namespace() {
+        let t = Tombstone {
+            reason: GoneReason::Expired,
+            version: 4,
+        };
+        let m: HashMap<&str, String> = tombstone_metadata(&t).into_iter().collect();
+        assert_eq!(parse_tombstone(|k| m.get(k).map(String::as_str)), Ok(t));
+        let mut bad = m.clone();
+        bad.insert(meta::STATUS, "ACTIVE".into());
+        assert!(parse_tombstone(|k| bad.get(k).map(String::as_str)).is_err());
+        // A blob's metadata is never a tombstone.
+        let b: HashMap<&str, String> = metadata(&blob("https://e.com/")).into_iter().collect();
+        assert!(parse_tombstone(|k| b.get(k).map(String::as_str)).is_err());
+        assert_eq!(tombstone_key("p/", "gone"), "p/.gone/gone");
+        assert!(!crate::slug::is_valid_slug(".gone"));
     }
 
     #[test]
