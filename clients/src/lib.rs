@@ -4,11 +4,13 @@
 //! - [`memcache`]: small async memcached client with hard timeouts and backoff.
 //! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
 //! - [`process`]: logging and shutdown signals for every binary.
+//! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
 //! - [`Secret`]: a config value that never prints.
 
 pub mod memcache;
 pub mod process;
 pub mod s3;
+pub mod spool;
 
 use std::fmt;
 
