@@ -5,8 +5,10 @@
 //! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
 //! - [`process`]: logging and shutdown signals for every binary.
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
+//! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
 //! - [`Secret`]: a config value that never prints.
 
+pub mod clicks;
 pub mod memcache;
 pub mod process;
 pub mod s3;

@@ -733,9 +733,10 @@ mod tests {
         spool.append(&rec(20)).unwrap();
         let (all, last) = read_all(&mut r);
         assert_eq!(all, (5..21).map(rec).collect::<Vec<_>>());
-        let mut done = Batch::default();
-        done.records = all;
-        done.end = last.end;
+        let done = Batch {
+            records: all,
+            end: last.end,
+        };
         r.commit(&done).unwrap();
         assert_eq!(spool.stats().pending, 0);
         drop((spool, r));

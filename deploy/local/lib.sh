@@ -286,9 +286,13 @@ zl_start_lastresort() {
   local name="$1"
   (
     zl_s3_env
-    export RUST_LOG="${RUST_LOG:-info}"
+    # Only what a last-resort host would have: S3, its memcached, Kafka for click replay (may be
+    # down), the shared IP-hash salt. Nothing of primary's.
+    ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
+    export ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
     zl_spawn "$name" "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
-      --memcached "127.0.0.1:$(zl_port memcached-lr)"
+      --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
+      --spool-dir "$ZLINK_RUN/spool/$name"
   )
 }
 zl_ready_lastresort() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }

@@ -2,7 +2,9 @@
 
 use clap::Parser;
 use std::net::SocketAddr;
+use zlink_clients::clicks::ClickArgs;
 use zlink_clients::s3::S3Config;
+use zlink_clients::Secret;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -18,6 +20,20 @@ pub struct Config {
     pub instance: String,
     #[command(flatten)]
     pub s3: S3Config,
+    #[command(flatten)]
+    pub clicks: ClickArgs,
+    /// Kafka bootstrap servers that spooled clicks are replayed to whenever reachable. Nothing
+    /// on the redirect path waits for Kafka; it may be down for days.
+    #[arg(long, env = "ZLINK_KAFKA")]
+    pub kafka: String,
+    /// Salt for hashing client IPs in click events: must equal primary's.
+    #[arg(
+        long,
+        env = "ZLINK_IP_HASH_SALT",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub ip_hash_salt: Secret,
     /// Budget for one S3 lookup, milliseconds; past it a stale entry is served, or 503.
     #[arg(long, env = "ZLINK_S3_BUDGET_MS", default_value_t = 300)]
     pub s3_budget_ms: u64,
@@ -52,6 +68,10 @@ pub struct Config {
 impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.s3.validate()?;
+        self.clicks.validate()?;
+        if self.kafka.trim().is_empty() {
+            return Err("--kafka must name the brokers clicks are replayed to".into());
+        }
         if http::HeaderValue::from_str(&self.redirect_cache_control).is_err() {
             return Err("--redirect-cache-control is not a valid header value".into());
         }

@@ -11,17 +11,20 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clicks::Clicks;
 use zlink_wire::slug;
 
 pub type Resp = Response<Full<Bytes>>;
 
 pub struct State {
     pub lookup: Lookup,
+    pub clicks: Arc<Clicks>,
     pub metrics: Arc<Metrics>,
     pub cache_control: HeaderValue,
     pub ready: AtomicBool,
@@ -61,7 +64,7 @@ fn gone() -> Resp {
     )
 }
 
-async fn redirect(state: &State, slug: &str) -> Resp {
+async fn redirect(state: &State, slug: &str, peer: SocketAddr, headers: &http::HeaderMap) -> Resp {
     if !slug::is_valid_slug(slug) {
         return error(StatusCode::NOT_FOUND, "not_found", "not found");
     }
@@ -78,7 +81,8 @@ async fn redirect(state: &State, slug: &str) -> Resp {
             )
         }
     };
-    if target.exp.is_some_and(|e| e <= now_ms()) {
+    let now = now_ms();
+    if target.exp.is_some_and(|e| e <= now) {
         return gone();
     }
     let (Ok(location), Ok(code)) = (
@@ -98,11 +102,18 @@ async fn redirect(state: &State, slug: &str) -> Resp {
         .insert(header::CACHE_CONTROL, state.cache_control.clone());
     r.headers_mut()
         .insert("x-zlink-tier", HeaderValue::from_static("lastresort"));
+    // In the spool before the answer leaves; the id lets a client or a drill trace its click.
+    if let Some(id) = state.clicks.record(slug, now, peer.ip(), headers) {
+        let mut buf = uuid::Uuid::encode_buffer();
+        if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf)) {
+            r.headers_mut().insert("x-zlink-click-id", v);
+        }
+    }
     state.metrics.redirected(slug);
     r
 }
 
-async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
+async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Resp {
     let path = req.uri().path();
     let get_or_head = matches!(*req.method(), Method::GET | Method::HEAD);
     let resp = match path {
@@ -118,6 +129,7 @@ async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
             }
         }
         "/metrics" if get_or_head => {
+            state.clicks.observe_metrics();
             let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -125,10 +137,19 @@ async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
             );
             r
         }
-        "/stats" if get_or_head => json(StatusCode::OK, state.metrics.stats(100)),
+        "/stats" if get_or_head => {
+            let mut stats = state.metrics.stats(100);
+            let spool = state.clicks.stats();
+            stats["spool"] = serde_json::json!({
+                "pending_clicks": spool.pending,
+                "disk_bytes": spool.disk_bytes,
+                "refused_full": spool.refused_full,
+            });
+            json(StatusCode::OK, stats)
+        }
         _ => match path.strip_prefix('/') {
             Some(seg) if !seg.is_empty() && !seg.contains('/') && get_or_head => {
-                redirect(&state, seg).await
+                redirect(&state, seg, peer, req.headers()).await
             }
             Some(seg) if !seg.is_empty() && !seg.contains('/') => {
                 let mut r = error(
@@ -167,7 +188,7 @@ pub async fn serve(
         let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
             s = listener.accept() => match s {
-                Ok((s, _)) => s,
+                Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -175,11 +196,12 @@ pub async fn serve(
                 }
             },
         };
+        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
         let st = state.clone();
         let svc = hyper::service::service_fn(move |req| {
             let st = st.clone();
-            async move { Ok::<_, Infallible>(dispatch(st, req).await) }
+            async move { Ok::<_, Infallible>(dispatch(st, peer, req).await) }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
         tokio::spawn(async move {

@@ -7,7 +7,8 @@
 //! - [`http`]: `GET|HEAD /{slug}`, `/healthz`, `/readyz`, `/metrics`, `/stats`.
 //! - [`metrics`]: Prometheus metrics and the local `/stats` aggregates.
 //!
-//! Not built yet: the on-disk click spool and its replay to Kafka (see ARCHITECTURE.md).
+//! Clicks: every redirect appends its event to the local spool (`zlink_clients::clicks`), which
+//! a replayer ships to Kafka `clicks` whenever Kafka is reachable.
 
 pub mod config;
 pub mod http;
@@ -19,14 +20,25 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clicks::Clicks;
 use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
+use zlink_wire::events::Tier;
 
-/// Builds the shared state from a validated config.
+/// Builds the shared state from a validated config: opens the click spool (cutting off a torn
+/// tail) and starts its replayer, so call it inside the runtime.
 pub fn state(
     cfg: &config::Config,
     metrics: Arc<metrics::Metrics>,
 ) -> Result<Arc<http::State>, String> {
+    let clicks = Clicks::start(
+        &cfg.clicks,
+        cfg.kafka.trim(),
+        Tier::Lastresort,
+        &cfg.ip_hash_salt.0,
+        &cfg.instance,
+        metrics.clicks.clone(),
+    )?;
     let s3 = Arc::new(S3Store::new(&cfg.s3));
     let memcached = (!cfg.memcached.trim().is_empty()).then(|| {
         Arc::new(Memcache::new(
@@ -52,6 +64,7 @@ pub fn state(
     );
     Ok(Arc::new(http::State {
         lookup,
+        clicks,
         metrics,
         cache_control: ::http::HeaderValue::from_str(&cfg.redirect_cache_control)
             .map_err(|e| e.to_string())?,
@@ -59,7 +72,8 @@ pub fn state(
     }))
 }
 
-/// Serves on `listener` until `shutdown`; probes S3 every 2 s for `/readyz`.
+/// Serves on `listener` until `shutdown`; probes S3 every 2 s for `/readyz`. On shutdown it
+/// drains requests, then flushes the click spool and gives its replayer a moment with Kafka.
 pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: CancellationToken) {
     let probe = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
@@ -76,6 +90,7 @@ pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: Cance
             }
         })
     };
-    http::serve(listener, state, shutdown, Duration::from_secs(5)).await;
+    http::serve(listener, state.clone(), shutdown, Duration::from_secs(5)).await;
     let _ = probe.await;
+    state.clicks.shutdown().await;
 }

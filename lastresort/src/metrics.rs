@@ -19,6 +19,8 @@ pub struct Metrics {
     /// Objects that were not exactly what the replicator writes (treated as missing).
     pub malformed: IntCounter,
     pub memcached_errors: IntCounterVec,
+    /// Click spool and replay.
+    pub clicks: zlink_clients::clicks::ClickMetrics,
     /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs).
     pub redirects_total: AtomicU64,
     pub per_slug: moka::sync::Cache<String, Arc<AtomicU64>>,
@@ -66,6 +68,8 @@ impl Metrics {
         ] {
             registry.register(c).expect("registered once");
         }
+        let clicks =
+            zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         Metrics {
             registry,
             requests,
@@ -74,6 +78,7 @@ impl Metrics {
             s3_errors,
             malformed,
             memcached_errors,
+            clicks,
             redirects_total: AtomicU64::new(0),
             per_slug: moka::sync::Cache::new(100_000),
         }

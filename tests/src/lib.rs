@@ -325,6 +325,7 @@ pub struct LastresortHandle {
     pub state: Arc<lastresort::http::State>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    _spool: Option<TempDir>,
 }
 
 impl LastresortHandle {
@@ -337,14 +338,15 @@ impl LastresortHandle {
     }
 }
 
-pub async fn spawn_lastresort(
+/// lastresort's command line for `endpoint`/`prefix`: `extra` flags win; unless given, clicks
+/// are replayed to the shared Kafka from a fresh spool directory (returned, deleted on drop).
+fn lastresort_argv(
     infra: &Infra,
     endpoint: &str,
     prefix: &str,
     extra: &[&str],
-) -> LastresortHandle {
+) -> (Vec<String>, Option<TempDir>) {
     let mut argv: Vec<String> = [
-        "lastresort",
         "--s3-endpoint",
         endpoint,
         "--s3-bucket",
@@ -355,11 +357,31 @@ pub async fn spawn_lastresort(
         &infra.s3_access_key,
         "--s3-secret-key",
         &infra.s3_secret_key,
+        "--ip-hash-salt",
+        "test-salt",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if !extra.contains(&"--kafka") {
+        argv.extend(["--kafka".to_string(), infra.kafka.clone()]);
+    }
+    let spool = (!extra.contains(&"--spool-dir")).then(|| TempDir::new("lr-spool"));
+    if let Some(d) = &spool {
+        argv.extend(["--spool-dir".to_string(), d.path().display().to_string()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
+    (argv, spool)
+}
+
+pub async fn spawn_lastresort(
+    infra: &Infra,
+    endpoint: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> LastresortHandle {
+    let (mut argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
+    argv.insert(0, "lastresort".into());
     let cfg =
         <lastresort::config::Config as clap::Parser>::try_parse_from(argv).expect("valid flags");
     cfg.validate().expect("valid config");
@@ -376,6 +398,78 @@ pub async fn spawn_lastresort(
         state,
         shutdown,
         task,
+        _spool: spool,
+    }
+}
+
+/// The lastresort binary as its own process (for SIGKILL), ready once `/readyz` says so.
+pub struct LastresortProcess {
+    pub base: String,
+    child: tokio::process::Child,
+    _spool: Option<TempDir>,
+}
+
+impl LastresortProcess {
+    pub async fn spawn(infra: &Infra, endpoint: &str, prefix: &str, extra: &[&str]) -> Self {
+        let (argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = tokio::process::Command::new(bin("lastresort"))
+            .args(&argv)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()
+            .expect("lastresort binary");
+        let base = format!("http://127.0.0.1:{port}");
+        let ready = format!("{base}/readyz");
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                let u = ready.clone();
+                async move {
+                    client()
+                        .get(&u)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                }
+            })
+            .await,
+            "lastresort process ready"
+        );
+        LastresortProcess {
+            base,
+            child,
+            _spool: spool,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// SIGKILL, and wait until it is gone.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("SIGKILL");
+    }
+
+    /// SIGTERM (graceful shutdown), and wait for the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.pid().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("exits within 20 s")
+            .expect("exit status")
     }
 }
 
@@ -398,7 +492,7 @@ pub fn repo_root() -> std::path::PathBuf {
 /// deploy/local/lib.sh, so a test can stop it without disturbing any other test.
 pub struct OwnServer {
     component: &'static str,
-    run_dir: tempdir::Dir,
+    run_dir: TempDir,
     port_base: u16,
 }
 
@@ -414,12 +508,24 @@ pub struct OwnS3 {
     server: OwnServer,
 }
 
-mod tempdir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(what: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("zlink-{what}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -437,13 +543,9 @@ impl OwnServer {
     }
 
     fn new(component: &'static str, port_base: u16) -> OwnServer {
-        let dir = std::env::temp_dir().join(format!(
-            "zlink-{component}-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
         OwnServer {
             component,
-            run_dir: tempdir::Dir(dir),
+            run_dir: TempDir::new(component),
             port_base,
         }
     }

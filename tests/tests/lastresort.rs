@@ -3,9 +3,12 @@
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::io::Write;
 use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::blob::Blob;
+use zlink_wire::events::{ClickEvent, Tier};
 
 async fn get(url: &str) -> reqwest::Response {
     client().get(url).send().await.expect("request")
@@ -217,4 +220,159 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
         .await
     );
     lr.stop().await;
+}
+
+/// Every click in Kafka `topic` (from the beginning), until `want` ids were all seen or 60 s.
+async fn clicks_in_kafka(
+    brokers: &str,
+    topic: &str,
+    want: &HashSet<uuid::Uuid>,
+) -> (HashSet<uuid::Uuid>, Vec<ClickEvent>) {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::Message;
+    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!("clicks-reader-{}", uuid::Uuid::new_v4()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let (mut seen, mut events) = (HashSet::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
+            let ev: ClickEvent = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            assert_eq!(m.key(), Some(ev.slug.as_bytes()), "keyed by slug");
+            seen.insert(ev.id);
+            events.push(ev);
+        }
+    }
+    (seen, events)
+}
+
+async fn metric(url: &str, name: &str) -> f64 {
+    let text = get(url).await.text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cuts_a_torn_tail() {
+    let infra = Infra::from_env();
+    let kafka = OwnKafka::start(26200).await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let topic = format!("clicks-{tag}");
+    create_topics(&kafka.brokers, &[(&topic, 3)]).await;
+    let prefix = format!("lr-clicks-{tag}/");
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    for slug in ["clk-a", "clk-b"] {
+        let b = Blob {
+            url: format!("https://example.com/{slug}"),
+            code: 302,
+            version: 1,
+            expires_at_ms: None,
+        };
+        writer.put(slug, &b).await.unwrap();
+    }
+    kafka.stop().await;
+
+    let spool = TempDir::new("lr-kill-spool");
+    let spool_dir = spool.path().display().to_string();
+    let flags = [
+        "--kafka",
+        &kafka.brokers,
+        "--clicks-topic",
+        &topic,
+        "--spool-dir",
+        &spool_dir,
+        "--clicks-timeout-ms",
+        "2000",
+    ];
+    let lr = LastresortProcess::spawn(&infra, &infra.s3_endpoint, &prefix, &flags).await;
+    let mut ids = HashSet::new();
+    for i in 0..1000 {
+        let slug = if i % 3 == 0 { "clk-b" } else { "clk-a" };
+        let r = client()
+            .get(lr.url(&format!("/{slug}")))
+            .header("user-agent", format!("zlink-test/{i}"))
+            .header("referer", "https://referrer.example/")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FOUND);
+        let id = r.headers()["x-zlink-click-id"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 1000, "one unique click id per redirect");
+    lr.kill().await;
+
+    // The crash also left half a record behind (a write cut short), which must be cut off.
+    let newest = std::fs::read_dir(spool.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .max()
+        .unwrap();
+    let torn = zlink_clients::spool::encode(b"{\"half\":\"a record\"}");
+    let torn = &torn[..torn.len() / 2];
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&newest)
+        .unwrap()
+        .write_all(torn)
+        .unwrap();
+
+    kafka.up().await;
+    let lr = LastresortProcess::spawn(&infra, &infra.s3_endpoint, &prefix, &flags).await;
+    assert_eq!(
+        metric(
+            &lr.url("/metrics"),
+            "zlink_lastresort_spool_cut_bytes_total"
+        )
+        .await,
+        torn.len() as f64
+    );
+    let (seen, events) = clicks_in_kafka(&kafka.brokers, &topic, &ids).await;
+    assert_eq!(seen, ids, "exactly the 1,000 clicks, no more, no fewer");
+    for ev in &events {
+        assert_eq!(ev.tier, Tier::Lastresort);
+        assert!(ev.slug == "clk-a" || ev.slug == "clk-b");
+        assert_eq!(ev.referrer.as_deref(), Some("https://referrer.example/"));
+        assert!(ev.user_agent.as_deref().unwrap().starts_with("zlink-test/"));
+        assert_eq!(ev.ip_hash.len(), 64);
+    }
+    let pending = lr.url("/metrics");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = pending.clone();
+            async move { metric(&u, "zlink_lastresort_spool_pending_records").await == 0.0 }
+        })
+        .await,
+        "spool drained"
+    );
+
+    // Graceful shutdown flushes: clicks made just before SIGTERM reach Kafka.
+    let mut last = HashSet::new();
+    for _ in 0..20 {
+        let r = get(&lr.url("/clk-a")).await;
+        last.insert(
+            r.headers()["x-zlink-click-id"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap(),
+        );
+    }
+    assert!(lr.terminate().await.success());
+    let (seen, _) = clicks_in_kafka(&kafka.brokers, &topic, &last).await;
+    assert!(last.is_subset(&seen));
 }

@@ -1,0 +1,523 @@
+//! Clicks from any tier that redirects: one event per redirect, built from the request,
+//! appended to the local [`spool`](crate::spool) before the response leaves (never waiting on
+//! Kafka), and shipped to the `clicks` topic by a replayer task whenever Kafka is reachable.
+//!
+//! The replayer reads a batch, produces every record (keyed by slug, the event JSON as value),
+//! waits for all acknowledgements, and only then commits the spool position. A failure or crash
+//! before the commit sends the batch again: duplicates carry the same event id, and the counter
+//! deduplicates on it; nothing is ever skipped.
+
+use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
+use http::{header, HeaderMap};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use rand::Rng;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use sha2::{Digest, Sha256};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use zlink_wire::events::{ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+
+const MAX_REFERRER: usize = 1024;
+const MAX_USER_AGENT: usize = 512;
+const BATCH_RECORDS: usize = 1000;
+const BATCH_BYTES: usize = 1 << 20;
+/// After shutdown starts, how long the replayer may keep draining before it stops.
+const DRAIN_GRACE: Duration = Duration::from_secs(3);
+
+/// Spool and replay settings, shared by every tier's command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClickArgs {
+    /// Directory of this instance's click spool (one process per directory).
+    #[arg(long, env = "ZLINK_SPOOL_DIR")]
+    pub spool_dir: PathBuf,
+    /// Disk cap of the spool; when reached, new clicks are refused (counted), old ones kept.
+    #[arg(long, env = "ZLINK_SPOOL_MAX_BYTES", default_value_t = 1024 * 1024 * 1024)]
+    pub spool_max_bytes: u64,
+    #[arg(long, env = "ZLINK_SPOOL_SEGMENT_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub spool_segment_bytes: u64,
+    /// fsync the spool after this many clicks...
+    #[arg(long, env = "ZLINK_SPOOL_FSYNC_RECORDS", default_value_t = 64)]
+    pub spool_fsync_records: usize,
+    /// ...or this many milliseconds after the first unsynced one.
+    #[arg(long, env = "ZLINK_SPOOL_FSYNC_MS", default_value_t = 20)]
+    pub spool_fsync_ms: u64,
+    #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
+    pub clicks_topic: String,
+    /// How long the replayer's producer retries one batch before backing off, milliseconds.
+    #[arg(long, env = "ZLINK_CLICKS_TIMEOUT_MS", default_value_t = 10_000)]
+    pub clicks_timeout_ms: u64,
+}
+
+impl ClickArgs {
+    pub fn spool_config(&self) -> SpoolConfig {
+        SpoolConfig {
+            dir: self.spool_dir.clone(),
+            segment_bytes: self.spool_segment_bytes,
+            max_bytes: self.spool_max_bytes,
+            fsync_records: self.spool_fsync_records,
+            fsync_interval: Duration::from_millis(self.spool_fsync_ms),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        self.spool_config().validate()?;
+        if self.clicks_topic.is_empty() {
+            return Err("--clicks-topic must not be empty".into());
+        }
+        if !(100..=300_000).contains(&self.clicks_timeout_ms) {
+            return Err("--clicks-timeout-ms must be between 100 and 300000".into());
+        }
+        Ok(())
+    }
+}
+
+/// Text of a header, cut to `max` bytes on a character boundary.
+pub fn header_text(headers: &HeaderMap, name: header::HeaderName, max: usize) -> Option<String> {
+    let v = headers.get(name)?.to_str().ok()?;
+    let mut end = v.len().min(max);
+    while !v.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(v[..end].to_string())
+}
+
+/// The client address: the TCP peer, unless the peer is a local proxy (our nginx), in which case
+/// the last `X-Forwarded-For` entry, which that proxy appended.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    if !peer.is_loopback() {
+        return peer;
+    }
+    // Only the rightmost entry was written by our proxy; anything left of it is client-supplied.
+    headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .and_then(|s| s.trim().parse::<IpAddr>().ok())
+        .unwrap_or(peer)
+}
+
+/// Hex SHA-256 of the deployment salt and the IP: countable, not reversible without the salt.
+pub fn ip_hash(salt: &str, ip: IpAddr) -> String {
+    let mut h = Sha256::new();
+    h.update(salt.as_bytes());
+    h.update(ip.to_string().as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// The click event of one redirect.
+pub fn event(
+    tier: Tier,
+    salt: &str,
+    slug: &str,
+    at_ms: i64,
+    peer: IpAddr,
+    headers: &HeaderMap,
+) -> ClickEvent {
+    ClickEvent {
+        schema: CLICK_EVENT_SCHEMA,
+        id: Uuid::now_v7(),
+        slug: slug.to_string(),
+        at_ms,
+        tier,
+        referrer: header_text(headers, header::REFERER, MAX_REFERRER),
+        user_agent: header_text(headers, header::USER_AGENT, MAX_USER_AGENT),
+        ip_hash: ip_hash(salt, client_ip(peer, headers)),
+    }
+}
+
+/// A spool record: `[slug length u8][slug][event JSON]`, so the replayer has the Kafka key
+/// without parsing the event.
+pub fn frame(ev: &ClickEvent) -> Vec<u8> {
+    // A plain struct of strings and numbers: serialisation cannot fail.
+    let json = serde_json::to_vec(ev).unwrap_or_default();
+    let key = ev.slug.as_bytes();
+    let mut out = Vec::with_capacity(1 + key.len() + json.len());
+    out.push(key.len().min(255) as u8);
+    out.extend_from_slice(&key[..key.len().min(255)]);
+    out.extend_from_slice(&json);
+    out
+}
+
+/// (key, value) of a spool record.
+pub fn unframe(rec: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (&n, rest) = rec.split_first()?;
+    let n = usize::from(n);
+    (rest.len() > n).then(|| rest.split_at(n))
+}
+
+/// Click metrics, registered into the service's registry (so under its prefix).
+#[derive(Clone)]
+pub struct ClickMetrics {
+    pub spooled: IntCounter,
+    pub refused: IntCounterVec,
+    pub pending: IntGauge,
+    pub disk_bytes: IntGauge,
+    pub cut_bytes: IntCounter,
+    pub replayed: IntCounter,
+    pub replay_failures: IntCounter,
+}
+
+impl ClickMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = ClickMetrics {
+            spooled: IntCounter::new("clicks_spooled_total", "Click events appended to the spool")?,
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "clicks_refused_total",
+                    "Click events the spool refused (full, io, closed)",
+                ),
+                &["reason"],
+            )?,
+            pending: IntGauge::new(
+                "spool_pending_records",
+                "Spooled click events not yet acknowledged by Kafka (spool depth)",
+            )?,
+            disk_bytes: IntGauge::new("spool_disk_bytes", "Bytes of spool segment files")?,
+            cut_bytes: IntCounter::new(
+                "spool_cut_bytes_total",
+                "Torn or corrupt spool bytes cut off at start",
+            )?,
+            replayed: IntCounter::new(
+                "clicks_replayed_total",
+                "Click events acknowledged by Kafka (re-sends included)",
+            )?,
+            replay_failures: IntCounter::new(
+                "clicks_replay_failures_total",
+                "Batches Kafka did not acknowledge (resent after backoff)",
+            )?,
+        };
+        registry.register(Box::new(m.spooled.clone()))?;
+        registry.register(Box::new(m.refused.clone()))?;
+        registry.register(Box::new(m.pending.clone()))?;
+        registry.register(Box::new(m.disk_bytes.clone()))?;
+        registry.register(Box::new(m.cut_bytes.clone()))?;
+        registry.register(Box::new(m.replayed.clone()))?;
+        registry.register(Box::new(m.replay_failures.clone()))?;
+        Ok(m)
+    }
+
+    fn observe(&self, spool: &Spool) {
+        let s = spool.stats();
+        self.pending.set(s.pending as i64);
+        self.disk_bytes.set(s.disk_bytes as i64);
+    }
+}
+
+/// One tier's click pipeline: the spool it appends to and the replayer that empties it.
+pub struct Clicks {
+    tier: Tier,
+    salt: String,
+    spool: Arc<Spool>,
+    metrics: ClickMetrics,
+    stop: CancellationToken,
+    replayer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Clicks {
+    /// Opens the spool (cutting off any torn tail) and starts the replayer to `brokers`.
+    pub fn start(
+        args: &ClickArgs,
+        brokers: &str,
+        tier: Tier,
+        salt: &str,
+        instance: &str,
+        metrics: ClickMetrics,
+    ) -> Result<Arc<Clicks>, String> {
+        let (spool, reader, recovery) = Spool::open(args.spool_config())
+            .map_err(|e| format!("opening spool {}: {e}", args.spool_dir.display()))?;
+        tracing::info!(dir = %args.spool_dir.display(), pending = recovery.pending,
+            cut_bytes = recovery.cut_bytes, "click spool open");
+        if recovery.cut_bytes > 0 {
+            tracing::warn!(
+                cut_bytes = recovery.cut_bytes,
+                segments = recovery.cut_segments,
+                "click spool: torn or corrupt tail cut off"
+            );
+        }
+        metrics.cut_bytes.inc_by(recovery.cut_bytes);
+        metrics.observe(&spool);
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
+            .set("linger.ms", "5")
+            .set("socket.nagle.disable", "true")
+            .set("client.id", format!("zlink-{instance}-clicks"))
+            .create()
+            .map_err(|e| format!("creating the clicks producer: {e}"))?;
+        let stop = CancellationToken::new();
+        let replayer = tokio::spawn(replay(
+            reader,
+            spool.clone(),
+            producer,
+            args.clicks_topic.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ));
+        Ok(Arc::new(Clicks {
+            tier,
+            salt: salt.to_string(),
+            spool,
+            metrics,
+            stop,
+            replayer: Mutex::new(Some(replayer)),
+        }))
+    }
+
+    /// Records the click of one redirect; returns its event id, or `None` if the spool refused
+    /// it (counted). Costs one `write(2)`; never waits on Kafka or fsync.
+    pub fn record(
+        &self,
+        slug: &str,
+        at_ms: i64,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Option<Uuid> {
+        let ev = event(self.tier, &self.salt, slug, at_ms, peer, headers);
+        match self.spool.append(&frame(&ev)) {
+            Ok(()) => {
+                self.metrics.spooled.inc();
+                Some(ev.id)
+            }
+            Err(e) => {
+                let reason = match e {
+                    AppendError::Full => "full",
+                    AppendError::Closed => "closed",
+                    AppendError::Size => "size",
+                    AppendError::Io(_) => "io",
+                };
+                self.metrics.refused.with_label_values(&[reason]).inc();
+                None
+            }
+        }
+    }
+
+    pub fn stats(&self) -> crate::spool::Stats {
+        self.spool.stats()
+    }
+
+    /// Brings the spool gauges up to date (call before rendering metrics).
+    pub fn observe_metrics(&self) {
+        self.metrics.observe(&self.spool);
+    }
+
+    /// Graceful shutdown: refuses new clicks, fsyncs the spool, lets the replayer drain to
+    /// Kafka for up to a few seconds (what is left stays spooled for the next start).
+    pub async fn shutdown(&self) {
+        let spool = self.spool.clone();
+        let _ = tokio::task::spawn_blocking(move || spool.close()).await;
+        self.stop.cancel();
+        let handle = self
+            .replayer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        self.metrics.observe(&self.spool);
+    }
+}
+
+async fn read_batch(reader: Reader) -> (Reader, std::io::Result<crate::spool::Batch>) {
+    tokio::task::spawn_blocking(move || {
+        let mut reader = reader;
+        let b = reader.read(BATCH_RECORDS, BATCH_BYTES);
+        (reader, b)
+    })
+    .await
+    .expect("spool read does not panic")
+}
+
+async fn commit(reader: Reader, batch: crate::spool::Batch) -> (Reader, std::io::Result<()>) {
+    tokio::task::spawn_blocking(move || {
+        let mut reader = reader;
+        let r = reader.commit(&batch);
+        (reader, r)
+    })
+    .await
+    .expect("spool commit does not panic")
+}
+
+/// Sends every record of the batch and waits for all acknowledgements.
+async fn send_all(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[Vec<u8>],
+) -> Result<(), String> {
+    let mut acks = Vec::with_capacity(records.len());
+    for rec in records {
+        let Some((key, value)) = unframe(rec) else {
+            // Checksummed, so written by us; an unframeable record would be a bug. Skip it
+            // rather than block every click behind it.
+            tracing::error!("click spool: record without a key; skipped");
+            continue;
+        };
+        match producer.send_result(FutureRecord::to(topic).key(key).payload(value)) {
+            Ok(ack) => acks.push(ack),
+            Err((e, _)) => return Err(e.to_string()),
+        }
+    }
+    for ack in acks {
+        match ack.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(e.to_string()),
+            Err(_) => return Err("producer dropped the message".into()),
+        }
+    }
+    Ok(())
+}
+
+async fn replay(
+    mut reader: Reader,
+    spool: Arc<Spool>,
+    producer: FutureProducer,
+    topic: String,
+    metrics: ClickMetrics,
+    stop: CancellationToken,
+) {
+    let give_up = {
+        let stop = stop.clone();
+        async move {
+            stop.cancelled().await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+        }
+    };
+    tokio::pin!(give_up);
+    let mut delay = Duration::from_millis(200);
+    loop {
+        metrics.observe(&spool);
+        let stopping = stop.is_cancelled();
+        let batch;
+        (reader, batch) = read_batch(reader).await;
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "click spool: read failed");
+                tokio::select! {
+                    _ = &mut give_up => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        if batch.records.is_empty() {
+            if batch.end.is_some() {
+                let r;
+                (reader, r) = commit(reader, batch).await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "click spool: commit failed");
+                }
+            }
+            if stopping {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = reader.wait(Duration::from_secs(1)) => {}
+            }
+            continue;
+        }
+        let n = batch.records.len() as u64;
+        let sent = tokio::select! {
+            _ = &mut give_up => break,
+            r = send_all(&producer, &topic, &batch.records) => r,
+        };
+        match sent {
+            Ok(()) => {
+                metrics.replayed.inc_by(n);
+                let r;
+                (reader, r) = commit(reader, batch).await;
+                if let Err(e) = r {
+                    // Not committed: the batch is sent again later (same ids).
+                    tracing::error!(error = %e, "click spool: commit failed");
+                    reader.rewind();
+                }
+                delay = Duration::from_millis(200);
+            }
+            Err(e) => {
+                metrics.replay_failures.inc();
+                reader.rewind();
+                let half = delay.as_millis() as u64 / 2;
+                let sleep = Duration::from_millis(half + rand::rng().random_range(0..=half));
+                tracing::warn!(error = %e, pending = spool.stats().pending,
+                    retry_in_ms = sleep.as_millis() as u64, "clicks: Kafka did not take the batch");
+                tokio::select! {
+                    _ = &mut give_up => break,
+                    _ = tokio::time::sleep(sleep) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    let _ = producer.flush(Duration::from_secs(1));
+    metrics.observe(&spool);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn client_ip_trusts_forwarded_for_only_from_loopback() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("1.1.1.1, 203.0.113.9"),
+        );
+        assert_eq!(
+            client_ip("127.0.0.1".parse().unwrap(), &h),
+            "203.0.113.9".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_ip("198.51.100.1".parse().unwrap(), &h),
+            "198.51.100.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_ip("127.0.0.1".parse().unwrap(), &HeaderMap::new()),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn header_text_truncates_on_char_boundaries() {
+        let mut h = HeaderMap::new();
+        h.insert(header::USER_AGENT, HeaderValue::from_static("abcdef"));
+        assert_eq!(
+            header_text(&h, header::USER_AGENT, 3).as_deref(),
+            Some("abc")
+        );
+    }
+
+    #[test]
+    fn a_framed_event_unframes_to_its_slug_and_json() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::REFERER,
+            HeaderValue::from_static("https://r.example/"),
+        );
+        let ev = event(
+            Tier::Lastresort,
+            "salt",
+            "abc-1",
+            7,
+            "127.0.0.1".parse().unwrap(),
+            &h,
+        );
+        let rec = frame(&ev);
+        let (k, v) = unframe(&rec).unwrap();
+        assert_eq!(k, b"abc-1");
+        assert_eq!(serde_json::from_slice::<ClickEvent>(v).unwrap(), ev);
+        assert_eq!(ev.ip_hash, ip_hash("salt", "127.0.0.1".parse().unwrap()));
+        assert!(unframe(&[5, b'a']).is_none());
+        assert!(unframe(&[]).is_none());
+    }
+}
