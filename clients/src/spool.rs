@@ -61,7 +61,7 @@ impl SpoolConfig {
             dir: dir.into(),
             segment_bytes: 8 * 1024 * 1024,
             max_bytes: 1024 * 1024 * 1024,
-            fsync_records: 64,
+            fsync_records: 1024,
             fsync_interval: Duration::from_millis(20),
         }
     }
@@ -194,12 +194,24 @@ fn crc(len: u32, payload: &[u8]) -> u32 {
 
 /// Encodes one record.
 pub fn encode(payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
     let mut out = Vec::with_capacity(HEADER + payload.len());
+    encode_into(&mut out, payload);
+    out
+}
+
+fn encode_into(out: &mut Vec<u8>, payload: &[u8]) {
+    let len = payload.len() as u32;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc(len, payload).to_le_bytes());
     out.extend_from_slice(payload);
-    out
+}
+
+/// Records of one `append_batch` on their way into the file.
+struct Batched {
+    buf: Vec<u8>,
+    /// Indexes (in `results`) of the records in `buf`.
+    waiting: Vec<usize>,
+    results: Vec<Result<(), AppendError>>,
 }
 
 /// Decodes the record at the start of `buf`: `Ok(Some((payload, size)))`, `Ok(None)` when
@@ -410,44 +422,92 @@ impl Spool {
 
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
     pub fn append(&self, payload: &[u8]) -> Result<(), AppendError> {
-        if payload.is_empty() || payload.len() > MAX_RECORD {
-            return Err(AppendError::Size);
-        }
-        let rec = encode(payload);
+        self.append_batch(&[payload])
+            .pop()
+            .expect("one result per record")
+    }
+
+    /// Appends records in order with one `write(2)` per segment touched; one result per
+    /// record. Returns once the accepted ones are in the file.
+    pub fn append_batch(&self, payloads: &[&[u8]]) -> Vec<Result<(), AppendError>> {
         let s = &self.shared;
+        let mut out = Batched {
+            buf: Vec::new(),
+            waiting: Vec::new(),
+            results: Vec::with_capacity(payloads.len()),
+        };
         let mut a = s.lock();
-        if a.closed {
-            return Err(AppendError::Closed);
-        }
-        if s.disk_bytes.load(Ordering::Relaxed) + rec.len() as u64 > s.cfg.max_bytes {
-            s.refused_full.fetch_add(1, Ordering::Relaxed);
-            return Err(AppendError::Full);
-        }
-        if a.len + rec.len() as u64 > s.cfg.segment_bytes {
-            if let Err(e) = self.rotate(&mut a) {
-                s.io_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e.into());
+        for p in payloads {
+            if p.is_empty() || p.len() > MAX_RECORD {
+                out.results.push(Err(AppendError::Size));
+                continue;
             }
+            if a.closed {
+                out.results.push(Err(AppendError::Closed));
+                continue;
+            }
+            let size = (HEADER + p.len()) as u64;
+            let queued = out.buf.len() as u64;
+            if s.disk_bytes.load(Ordering::Relaxed) + queued + size > s.cfg.max_bytes {
+                s.refused_full.fetch_add(1, Ordering::Relaxed);
+                out.results.push(Err(AppendError::Full));
+                continue;
+            }
+            if a.len + queued + size > s.cfg.segment_bytes {
+                self.write_out(&mut a, &mut out);
+                if let Err(e) = self.rotate(&mut a) {
+                    s.io_errors.fetch_add(1, Ordering::Relaxed);
+                    out.results.push(Err(e.into()));
+                    continue;
+                }
+            }
+            encode_into(&mut out.buf, p);
+            out.waiting.push(out.results.len());
+            out.results.push(Ok(()));
         }
-        if let Err(e) = (&*a.file).write_all(&rec) {
-            s.io_errors.fetch_add(1, Ordering::Relaxed);
-            // Never leave half a record in front of the next one.
-            let _ = a.file.set_len(a.len);
-            return Err(e.into());
-        }
-        a.len += rec.len() as u64;
-        a.unsynced += 1;
-        a.first_unsynced.get_or_insert_with(Instant::now);
+        let wrote = self.write_out(&mut a, &mut out);
         let flush_now = a.unsynced >= s.cfg.fsync_records;
         drop(a);
-        s.disk_bytes.fetch_add(rec.len() as u64, Ordering::Relaxed);
-        s.pending.fetch_add(1, Ordering::Relaxed);
-        s.appended.fetch_add(1, Ordering::Relaxed);
         if flush_now {
             s.flush.notify_one();
         }
-        s.data.notify_one();
-        Ok(())
+        if wrote {
+            s.data.notify_one();
+        }
+        out.results
+    }
+
+    /// Writes what `out` has queued in one call; marks its records failed if that fails.
+    fn write_out(&self, a: &mut Active, out: &mut Batched) -> bool {
+        if out.buf.is_empty() {
+            return false;
+        }
+        let s = &self.shared;
+        let n = out.waiting.len();
+        let bytes = out.buf.len() as u64;
+        let written = (&*a.file).write_all(&out.buf);
+        out.buf.clear();
+        match written {
+            Ok(()) => {
+                a.len += bytes;
+                a.unsynced += n;
+                a.first_unsynced.get_or_insert_with(Instant::now);
+                s.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
+                s.pending.fetch_add(n as u64, Ordering::Relaxed);
+                s.appended.fetch_add(n as u64, Ordering::Relaxed);
+                out.waiting.clear();
+                true
+            }
+            Err(e) => {
+                s.io_errors.fetch_add(1, Ordering::Relaxed);
+                // Never leave part of a record in front of the next one.
+                let _ = a.file.set_len(a.len);
+                for i in out.waiting.drain(..) {
+                    out.results[i] = Err(io::Error::new(e.kind(), e.to_string()).into());
+                }
+                false
+            }
+        }
     }
 
     fn rotate(&self, a: &mut Active) -> io::Result<()> {

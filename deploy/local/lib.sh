@@ -59,6 +59,7 @@ zl_port() {
     lastresort-*) off=$((100 + ${1#lastresort-})) ;;
     primary-*) off=$((80 + ${1#primary-})) ;;
     replicator) off=85 ;;
+    bench-nginx) off=190 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
   echo $((ZLINK_PORT_BASE + off))

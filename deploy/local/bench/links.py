@@ -3,6 +3,7 @@
 
   links.py create N OUT_FILE     create N links on $ZLINK_PRIMARY_1, write their slugs to OUT_FILE
   links.py cold BASE_URL FILE    GET each slug once on BASE_URL, print p50/p99/max in ms
+  links.py wait-s3 FILE          wait (at most 120 s) until every slug's blob is readable in S3
 """
 import concurrent.futures
 import http.client
@@ -59,10 +60,31 @@ def cold(base, path):
     print(f"RESULT cold_requests={len(lat)} p50_ms={pick(0.50):.3f} p99_ms={pick(0.99):.3f} max_ms={lat[-1]:.3f}")
 
 
+def wait_s3(path):
+    base, bucket = os.environ["ZLINK_S3_ENDPOINT"], os.environ["ZLINK_S3_BUCKET"]
+    prefix = os.environ.get("ZLINK_S3_PREFIX", "")
+    slugs = [s for s in open(path).read().split() if s]
+    c = conn_for(base)
+    deadline = time.time() + 120
+    for s in slugs:
+        while True:
+            c.request("HEAD", f"/{bucket}/{prefix}{s}")
+            r = c.getresponse()
+            r.read()
+            if r.status == 200:
+                break
+            if time.time() > deadline:
+                raise SystemExit(f"blob of {s} not in S3 after 120 s (replicator running?)")
+            time.sleep(0.05)
+    print(f"RESULT replicated={len(slugs)}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "create":
         create(int(sys.argv[2]), sys.argv[3])
     elif sys.argv[1] == "cold":
         cold(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "wait-s3":
+        wait_s3(sys.argv[2])
     else:
         raise SystemExit(__doc__)
