@@ -228,6 +228,9 @@ impl Pipeline {
                 let Ok(positions) = this.consumer.position() else {
                     return out;
                 };
+                // Before the first message of a partition arrives its position is unknown;
+                // then the committed offset is where consumption stands.
+                let committed = this.consumer.committed(Duration::from_secs(1)).ok();
                 for e in positions.elements() {
                     let Ok((_, high)) = this.consumer.fetch_watermarks(
                         e.topic(),
@@ -236,7 +239,19 @@ impl Pipeline {
                     ) else {
                         continue;
                     };
-                    let pos = e.offset().to_raw().filter(|o| *o >= 0).unwrap_or(0);
+                    let pos = e
+                        .offset()
+                        .to_raw()
+                        .filter(|o| *o >= 0)
+                        .or_else(|| {
+                            committed
+                                .as_ref()?
+                                .find_partition(e.topic(), e.partition())?
+                                .offset()
+                                .to_raw()
+                                .filter(|o| *o >= 0)
+                        })
+                        .unwrap_or(0);
                     out.push((e.partition(), (high - pos).max(0)));
                 }
                 out
