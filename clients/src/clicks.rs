@@ -34,9 +34,10 @@ const DRAIN_GRACE: Duration = Duration::from_secs(3);
 /// Spool and replay settings, shared by every tier's command line.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClickArgs {
-    /// Directory of this instance's click spool (one process per directory).
+    /// Directory of this instance's click spool (one process per directory). Required wherever
+    /// clicks are recorded.
     #[arg(long, env = "ZLINK_SPOOL_DIR")]
-    pub spool_dir: PathBuf,
+    pub spool_dir: Option<PathBuf>,
     /// Disk cap of the spool; when reached, new clicks are refused (counted), old ones kept.
     #[arg(long, env = "ZLINK_SPOOL_MAX_BYTES", default_value_t = 1024 * 1024 * 1024)]
     pub spool_max_bytes: u64,
@@ -58,7 +59,7 @@ pub struct ClickArgs {
 impl ClickArgs {
     pub fn spool_config(&self) -> SpoolConfig {
         SpoolConfig {
-            dir: self.spool_dir.clone(),
+            dir: self.spool_dir.clone().unwrap_or_default(),
             segment_bytes: self.spool_segment_bytes,
             max_bytes: self.spool_max_bytes,
             fsync_records: self.spool_fsync_records,
@@ -67,6 +68,13 @@ impl ClickArgs {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if self
+            .spool_dir
+            .as_deref()
+            .is_none_or(|d| d.as_os_str().is_empty())
+        {
+            return Err("--spool-dir is required to record clicks".into());
+        }
         self.spool_config().validate()?;
         if self.clicks_topic.is_empty() {
             return Err("--clicks-topic must not be empty".into());
@@ -232,9 +240,11 @@ impl Clicks {
         instance: &str,
         metrics: ClickMetrics,
     ) -> Result<Arc<Clicks>, String> {
-        let (spool, reader, recovery) = Spool::open(args.spool_config())
-            .map_err(|e| format!("opening spool {}: {e}", args.spool_dir.display()))?;
-        tracing::info!(dir = %args.spool_dir.display(), pending = recovery.pending,
+        args.validate()?;
+        let cfg = args.spool_config();
+        let (spool, reader, recovery) = Spool::open(cfg.clone())
+            .map_err(|e| format!("opening spool {}: {e}", cfg.dir.display()))?;
+        tracing::info!(dir = %cfg.dir.display(), pending = recovery.pending,
             cut_bytes = recovery.cut_bytes, "click spool open");
         if recovery.cut_bytes > 0 {
             tracing::warn!(
@@ -285,10 +295,15 @@ impl Clicks {
         headers: &HeaderMap,
     ) -> Option<Uuid> {
         let ev = event(self.tier, &self.salt, slug, at_ms, peer, headers);
-        match self.spool.append(&frame(&ev)) {
+        self.spool_event(&ev).then_some(ev.id)
+    }
+
+    /// Appends an event built elsewhere (primary builds its own); false if refused (counted).
+    pub fn spool_event(&self, ev: &ClickEvent) -> bool {
+        match self.spool.append(&frame(ev)) {
             Ok(()) => {
                 self.metrics.spooled.inc();
-                Some(ev.id)
+                true
             }
             Err(e) => {
                 let reason = match e {
@@ -298,7 +313,7 @@ impl Clicks {
                     AppendError::Io(_) => "io",
                 };
                 self.metrics.refused.with_label_values(&[reason]).inc();
-                None
+                false
             }
         }
     }

@@ -257,7 +257,7 @@ zl_start_primary() {
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
     export ZLINK_SLUG_KEY ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
     zl_spawn "$name" "$(zl_bin primary)" serve \
-      --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
+      --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" \
       --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
   )
 }

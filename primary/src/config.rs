@@ -100,6 +100,10 @@ pub fn is_topic_name(t: &str) -> bool {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
+    /// Click spool and replay (used with --kafka: every redirect's click is spooled on local
+    /// disk and shipped to the clicks topic, so a Kafka outage loses no click).
+    #[command(flatten)]
+    pub clicks: zlink_clients::clicks::ClickArgs,
     /// Address to listen on.
     #[arg(long, env = "ZLINK_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -196,6 +200,9 @@ pub struct ServeConfig {
 impl ServeConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.store.validate()?;
+        if self.kafka_brokers().is_some() {
+            self.clicks.validate()?;
+        }
         if self.instance.is_empty()
             || self.instance.len() > 64
             || !self

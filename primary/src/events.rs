@@ -1,11 +1,12 @@
 //! The seam between primary and the event pipeline.
 //!
-//! Handlers hand every link change and every click to an [`EventSink`]. Publishing to Kafka
-//! (with an outbox for link events) plugs in here; until then [`LogSink`] counts and logs them.
-//! Clicks must never block or fail a redirect, so `clicked` is synchronous and infallible:
-//! implementations enqueue and drop (counted) when full.
+//! Handlers hand every link change and every click to an [`EventSink`]: `relay::KafkaSink`
+//! (outbox for link events, the on-disk click spool for clicks) or [`LogSink`] (counts only).
+//! Clicks must never block or fail a redirect, so `clicked` is synchronous and infallible.
 
 use crate::metrics::Metrics;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
 
@@ -17,8 +18,13 @@ pub trait EventSink: Send + Sync + 'static {
     }
     /// A link was created or changed state; called after the store accepted the change.
     fn link_changed(&self, ev: LinkEvent);
-    /// A redirect was answered. Must return immediately.
-    fn clicked(&self, ev: ClickEvent);
+    /// A redirect was answered. Must return immediately; true if the click is durably recorded
+    /// (then its id is shown to the client in `x-zlink-click-id`).
+    fn clicked(&self, ev: ClickEvent) -> bool;
+    /// Graceful shutdown, after requests drained: flush what is buffered.
+    fn close(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async {})
+    }
 }
 
 pub fn kind_label(kind: LinkEventKind) -> &'static str {
@@ -50,11 +56,12 @@ impl EventSink for LogSink {
         tracing::debug!(slug = %ev.slug, kind = kind_label(ev.kind), version = ev.version, "link event");
     }
 
-    fn clicked(&self, ev: ClickEvent) {
+    fn clicked(&self, ev: ClickEvent) -> bool {
         self.metrics
             .events
             .with_label_values(&["clicks", "click"])
             .inc();
         tracing::trace!(slug = %ev.slug, id = %ev.id, "click event");
+        false
     }
 }

@@ -58,7 +58,7 @@ pub fn event_sink(
     clock: Arc<dyn clock::Clock>,
     shutdown: &CancellationToken,
     background: &mut tokio::task::JoinSet<()>,
-) -> Result<Arc<dyn events::EventSink>, rdkafka::error::KafkaError> {
+) -> Result<Arc<dyn events::EventSink>, String> {
     match cfg.kafka_brokers() {
         Some(brokers) => {
             let settings = relay::KafkaSettings {
@@ -66,9 +66,18 @@ pub fn event_sink(
                 links_topic: cfg.links_topic.clone(),
                 message_timeout: Duration::from_millis(cfg.kafka_message_timeout_ms),
             };
-            let relay = relay::Relay::new(&settings, store, metrics, clock, &cfg.instance)?;
+            let clicks = zlink_clients::clicks::Clicks::start(
+                &cfg.clicks,
+                brokers,
+                zlink_wire::events::Tier::Primary,
+                &cfg.ip_hash_salt.0,
+                &cfg.instance,
+                metrics.clicks.clone(),
+            )?;
+            let relay = relay::Relay::new(&settings, store, metrics, clock, &cfg.instance)
+                .map_err(|e| format!("creating the Kafka producer: {e}"))?;
             background.spawn(relay.clone().run(shutdown.clone()));
-            Ok(Arc::new(relay::KafkaSink { relay }))
+            Ok(Arc::new(relay::KafkaSink { relay, clicks }))
         }
         None => {
             tracing::warn!("no --kafka: link events are not published (no outbox)");

@@ -28,7 +28,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
         &shutdown,
         &mut background,
     )
-    .context("creating the Kafka producer")?;
+    .map_err(anyhow::Error::msg)?;
     let state = AppState::new(&cfg, store, events, metrics, clock).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
@@ -36,11 +36,13 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, keyspace = %cfg.store.keyspace, "primary serving");
     run(
         listener,
-        state,
+        state.clone(),
         shutdown,
         Duration::from_secs(cfg.shutdown_grace_s),
     )
     .await;
+    // Requests drained: fsync the click spool and ship what Kafka will take in a few seconds.
+    state.events.close().await;
     // The relay finishes its pass and flushes its producer on the way out.
     while background.join_next().await.is_some() {}
     tracing::info!("primary stopped");

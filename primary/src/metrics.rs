@@ -23,6 +23,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
+    /// Click spool and replay.
+    pub clicks: zlink_clients::clicks::ClickMetrics,
 }
 
 impl Metrics {
@@ -88,7 +90,10 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric registered once");
         }
+        let clicks =
+            zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         Self {
+            clicks,
             registry,
             requests,
             redirect_seconds,

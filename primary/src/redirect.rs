@@ -51,7 +51,14 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     h.insert(header::LOCATION, location);
     h.insert(header::CACHE_CONTROL, state.settings.cache_control.clone());
     h.insert("x-zlink-tier", HeaderValue::from_static("primary"));
-    state.events.clicked(click(state, req, slug, now));
+    let ev = click(state, req, slug, now);
+    let id = ev.id;
+    if state.events.clicked(ev) {
+        let mut buf = uuid::Uuid::encode_buffer();
+        if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf)) {
+            resp.headers_mut().insert("x-zlink-click-id", v);
+        }
+    }
     resp
 }
 

@@ -241,9 +241,11 @@ fn current_kind(link: &Link) -> LinkEventKind {
     }
 }
 
-/// The [`EventSink`] that publishes link events through the relay.
+/// The [`EventSink`] that publishes link events through the relay and spools clicks for the
+/// click replayer (`zlink_clients::clicks`, the same code lastresort uses).
 pub struct KafkaSink {
     pub relay: Arc<Relay>,
+    pub clicks: Arc<zlink_clients::clicks::Clicks>,
 }
 
 impl EventSink for KafkaSink {
@@ -256,12 +258,16 @@ impl EventSink for KafkaSink {
         true
     }
 
-    fn clicked(&self, _ev: ClickEvent) {
-        // Clicks go to Kafka with the click-analytics work; counted here meanwhile.
+    fn clicked(&self, ev: ClickEvent) -> bool {
         self.relay
             .metrics
             .events
             .with_label_values(&["clicks", "click"])
             .inc();
+        self.clicks.spool_event(&ev)
+    }
+
+    fn close(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.clicks.shutdown())
     }
 }

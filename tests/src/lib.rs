@@ -73,8 +73,9 @@ impl EventSink for RecordingSink {
     fn link_changed(&self, ev: LinkEvent) {
         self.links.lock().unwrap().push(ev);
     }
-    fn clicked(&self, ev: ClickEvent) {
+    fn clicked(&self, ev: ClickEvent) -> bool {
         self.clicks.lock().unwrap().push(ev);
+        false
     }
 }
 
@@ -87,6 +88,7 @@ pub struct PrimaryHandle {
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     background: tokio::task::JoinSet<()>,
+    _spool: Option<TempDir>,
 }
 
 impl PrimaryHandle {
@@ -98,6 +100,7 @@ impl PrimaryHandle {
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         let _ = self.task.await;
+        self.state.events.close().await;
         while self.background.join_next().await.is_some() {}
     }
 }
@@ -126,6 +129,12 @@ pub async fn spawn_primary(
         "--public-base-url".into(),
         base.clone(),
     ];
+    // With Kafka, clicks are spooled: a fresh spool directory unless the test names one.
+    let spool = (extra.contains(&"--kafka") && !extra.contains(&"--spool-dir"))
+        .then(|| TempDir::new("primary-spool"));
+    if let Some(d) = &spool {
+        argv.extend(["--spool-dir".to_string(), d.path().display().to_string()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
     let cfg = match clap::Parser::try_parse_from(argv).expect("valid flags") {
         Cli {
@@ -168,6 +177,7 @@ pub async fn spawn_primary(
         shutdown,
         task,
         background,
+        _spool: spool,
     }
 }
 
@@ -633,6 +643,38 @@ pub async fn create(base: &str, key: &str, body: serde_json::Value) -> reqwest::
 }
 
 /// An HTTP client that never follows redirects (we assert on them).
+/// Every click in Kafka `topic` (from the beginning), until `want` ids were all seen or 60 s.
+pub async fn clicks_in_kafka(
+    brokers: &str,
+    topic: &str,
+    want: &std::collections::HashSet<uuid::Uuid>,
+) -> (std::collections::HashSet<uuid::Uuid>, Vec<ClickEvent>) {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::Message;
+    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!("clicks-reader-{}", uuid::Uuid::new_v4()),
+        )
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let (mut seen, mut events) = (std::collections::HashSet::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
+            let ev: ClickEvent = serde_json::from_slice(m.payload().unwrap()).unwrap();
+            assert_eq!(m.key(), Some(ev.slug.as_bytes()), "keyed by slug");
+            seen.insert(ev.id);
+            events.push(ev);
+        }
+    }
+    (seen, events)
+}
+
 /// PATCHes a link's status through the API and asserts 200.
 pub async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
     let r = client()

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::blob::Blob;
-use zlink_wire::events::{ClickEvent, Tier};
+use zlink_wire::events::Tier;
 
 async fn get(url: &str) -> reqwest::Response {
     client().get(url).send().await.expect("request")
@@ -220,38 +220,6 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
         .await
     );
     lr.stop().await;
-}
-
-/// Every click in Kafka `topic` (from the beginning), until `want` ids were all seen or 60 s.
-async fn clicks_in_kafka(
-    brokers: &str,
-    topic: &str,
-    want: &HashSet<uuid::Uuid>,
-) -> (HashSet<uuid::Uuid>, Vec<ClickEvent>) {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::Message;
-    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("clicks-reader-{}", uuid::Uuid::new_v4()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let (mut seen, mut events) = (HashSet::new(), Vec::new());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {
-        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
-            let ev: ClickEvent = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            assert_eq!(m.key(), Some(ev.slug.as_bytes()), "keyed by slug");
-            seen.insert(ev.id);
-            events.push(ev);
-        }
-    }
-    (seen, events)
 }
 
 async fn metric(url: &str, name: &str) -> f64 {

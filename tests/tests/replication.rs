@@ -545,3 +545,63 @@ async fn creates_succeed_while_kafka_is_down_and_every_object_arrives_after_it_r
     r.stop().await;
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
+    let Setup { infra, ks, n } = setup().await;
+    let topic = format!("clicks-{ks}");
+    create_topics(&infra.kafka, &[(&topic, 3)]).await;
+    let mut flags = kafka_flags(&infra.kafka, &n);
+    flags.extend(["--clicks-topic", &topic, "--ip-hash-salt", "test-salt"]);
+    let p = spawn_primary(&infra, &ks, &flags, None).await;
+    let key = create_key(&p.state, "alice", false).await;
+    let c = create(
+        &p.base,
+        &key,
+        json!({"url": "https://example.com/c", "slug": "click-me"}),
+    )
+    .await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..50 {
+        let r = client()
+            .get(p.url("/click-me"))
+            .header("user-agent", format!("zlink-test/{i}"))
+            .header("x-forwarded-for", "198.51.100.7")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FOUND);
+        ids.insert(
+            r.headers()["x-zlink-click-id"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap(),
+        );
+    }
+    assert_eq!(ids.len(), 50);
+    let (seen, events) = clicks_in_kafka(&infra.kafka, &topic, &ids).await;
+    assert_eq!(seen, ids);
+    let want_hash = zlink_clients::clicks::ip_hash("test-salt", "198.51.100.7".parse().unwrap());
+    for ev in events {
+        assert_eq!(ev.tier, zlink_wire::events::Tier::Primary);
+        assert_eq!(ev.slug, "click-me");
+        assert_eq!(
+            ev.ip_hash, want_hash,
+            "client IP from the loopback proxy's X-Forwarded-For"
+        );
+    }
+    // A 404 is not a click.
+    assert_eq!(p.state.metrics.clicks.spooled.get(), 50);
+    assert_eq!(
+        get_status(&p.url("/no-such-link")).await,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(p.state.metrics.clicks.spooled.get(), 50);
+    p.stop().await;
+}
+
+async fn get_status(url: &str) -> StatusCode {
+    client().get(url).send().await.unwrap().status()
+}
