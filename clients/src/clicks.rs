@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use zlink_wire::events::{ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
 
 const MAX_REFERRER: usize = 1024;
 const MAX_USER_AGENT: usize = 512;
@@ -137,6 +137,11 @@ pub fn event(
         at_ms,
         tier,
         referrer: header_text(headers, header::REFERER, MAX_REFERRER),
+        agent: AgentClass::of(
+            headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
+        ),
         user_agent: header_text(headers, header::USER_AGENT, MAX_USER_AGENT),
         ip_hash: ip_hash(salt, client_ip(peer, headers)),
     }

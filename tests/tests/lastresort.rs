@@ -313,6 +313,7 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     assert_eq!(seen, ids, "exactly the 1,000 clicks, no more, no fewer");
     for ev in &events {
         assert_eq!(ev.tier, Tier::Lastresort);
+        assert_eq!(ev.agent, zlink_wire::events::AgentClass::Browser);
         assert!(ev.slug == "clk-a" || ev.slug == "clk-b");
         assert_eq!(ev.referrer.as_deref(), Some("https://referrer.example/"));
         assert!(ev.user_agent.as_deref().unwrap().starts_with("zlink-test/"));

@@ -566,7 +566,14 @@ async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
     for i in 0..50 {
         let r = client()
             .get(p.url("/click-me"))
-            .header("user-agent", format!("zlink-test/{i}"))
+            .header(
+                "user-agent",
+                if i % 5 == 0 {
+                    "Twitterbot/1.0".to_string()
+                } else {
+                    format!("Mozilla/5.0 zlink-test/{i}")
+                },
+            )
             .header("x-forwarded-for", "198.51.100.7")
             .send()
             .await
@@ -584,6 +591,12 @@ async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
     let (seen, events) = clicks_in_kafka(&infra.kafka, &topic, &ids).await;
     assert_eq!(seen, ids);
     let want_hash = zlink_clients::clicks::ip_hash("test-salt", "198.51.100.7".parse().unwrap());
+    let previews = events
+        .iter()
+        .filter(|e| e.agent == zlink_wire::events::AgentClass::Preview)
+        .map(|e| e.id)
+        .collect::<std::collections::HashSet<_>>();
+    assert_eq!(previews.len(), 10, "link-preview fetches are told apart");
     for ev in events {
         assert_eq!(ev.tier, zlink_wire::events::Tier::Primary);
         assert_eq!(ev.slug, "click-me");

@@ -48,6 +48,80 @@ pub enum Tier {
     LastresortNginx,
 }
 
+/// Who followed the link, from the user agent: people, crawlers, or the bots that fetch a link
+/// to draw its preview card in a chat or social app. Counted apart (bots are not audience).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentClass {
+    #[default]
+    Browser,
+    Bot,
+    Preview,
+}
+
+/// Link-preview fetchers (checked first: several also say "bot").
+const PREVIEW_AGENTS: &[&str] = &[
+    "slackbot-linkexpanding",
+    "slack-imgproxy",
+    "twitterbot",
+    "facebookexternalhit",
+    "facebookcatalog",
+    "linkedinbot",
+    "discordbot",
+    "telegrambot",
+    "whatsapp",
+    "skypeuripreview",
+    "iframely",
+    "embedly",
+    "pinterestbot",
+    "redditbot",
+    "vkshare",
+    "mastodon",
+    "google-pagerenderer",
+];
+
+/// Crawlers, monitors and HTTP libraries.
+const BOT_AGENTS: &[&str] = &[
+    "bot",
+    "crawler",
+    "spider",
+    "slurp",
+    "curl/",
+    "wget/",
+    "python-requests",
+    "python-urllib",
+    "go-http-client",
+    "java/",
+    "okhttp",
+    "libwww",
+    "httpclient",
+    "headlesschrome",
+    "phantomjs",
+    "monitor",
+    "pingdom",
+    "uptime",
+    "scrapy",
+    "axios/",
+    "node-fetch",
+];
+
+impl AgentClass {
+    /// Classifies a `User-Agent` (case-insensitive substring rules). No user agent at all is
+    /// a bot: every browser sends one.
+    pub fn of(user_agent: Option<&str>) -> AgentClass {
+        let Some(ua) = user_agent.map(str::to_ascii_lowercase) else {
+            return AgentClass::Bot;
+        };
+        if PREVIEW_AGENTS.iter().any(|p| ua.contains(p)) {
+            AgentClass::Preview
+        } else if ua.trim().is_empty() || BOT_AGENTS.iter().any(|p| ua.contains(p)) {
+            AgentClass::Bot
+        } else {
+            AgentClass::Browser
+        }
+    }
+}
+
 /// One redirect. `id` is unique per click and is what the counter deduplicates on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClickEvent {
@@ -58,6 +132,9 @@ pub struct ClickEvent {
     pub tier: Tier,
     pub referrer: Option<String>,
     pub user_agent: Option<String>,
+    /// [`AgentClass::of`] the user agent, decided where the click happened.
+    #[serde(default)]
+    pub agent: AgentClass,
     /// Hex SHA-256 of a deployment salt and the client IP: countable, not reversible.
     pub ip_hash: String,
 }
@@ -86,6 +163,36 @@ mod tests {
             r#"{"schema":1,"kind":"disabled","slug":"abc","url":"https://e.com/","status":"DISABLED","version":2,"redirect_code":302,"created_at_ms":1,"expires_at_ms":null,"at_ms":5}"#
         );
         assert_eq!(serde_json::from_str::<LinkEvent>(&json).unwrap(), ev);
+    }
+
+    #[test]
+    fn user_agents_are_classified_people_bots_and_previews_apart() {
+        let firefox = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
+        assert_eq!(AgentClass::of(Some(firefox)), AgentClass::Browser);
+        for ua in [
+            "Slackbot-LinkExpanding 1.0 (+https://api.slack.com/robots)",
+            "Twitterbot/1.0",
+            "facebookexternalhit/1.1 (+http://www.facebook.com/externalhit_uatext.php)",
+            "WhatsApp/2.23.20.0",
+            "Mozilla/5.0 (compatible; Discordbot/2.0; +https://discordapp.com)",
+        ] {
+            assert_eq!(AgentClass::of(Some(ua)), AgentClass::Preview, "{ua}");
+        }
+        for ua in [
+            "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+            "curl/8.5.0",
+            "python-requests/2.31",
+            "",
+        ] {
+            assert_eq!(AgentClass::of(Some(ua)), AgentClass::Bot, "{ua}");
+        }
+        assert_eq!(AgentClass::of(None), AgentClass::Bot);
+        // Events from before the field existed read as browser clicks.
+        let old = r#"{"schema":1,"id":"0190b4a2-0000-7000-8000-000000000000","slug":"a","at_ms":1,"tier":"primary","referrer":null,"user_agent":null,"ip_hash":"x"}"#;
+        assert_eq!(
+            serde_json::from_str::<ClickEvent>(old).unwrap().agent,
+            AgentClass::Browser
+        );
     }
 
     #[test]
