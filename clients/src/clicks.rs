@@ -54,6 +54,15 @@ pub struct ClickArgs {
     /// How long the replayer's producer retries one batch before backing off, milliseconds.
     #[arg(long, env = "ZLINK_CLICKS_TIMEOUT_MS", default_value_t = 10_000)]
     pub clicks_timeout_ms: u64,
+    /// Salt for hashing client IPs in click events: one secret for every tier, so the same
+    /// visitor hashes the same on primary and lastresort.
+    #[arg(
+        long,
+        env = "ZLINK_IP_HASH_SALT",
+        hide_env_values = true,
+        default_value = ""
+    )]
+    pub ip_hash_salt: crate::Secret,
 }
 
 impl ClickArgs {
@@ -119,6 +128,16 @@ pub fn ip_hash(salt: &str, ip: IpAddr) -> String {
     h.update(salt.as_bytes());
     h.update(ip.to_string().as_bytes());
     hex::encode(h.finalize())
+}
+
+/// Response header carrying the id of the redirect's click event.
+pub const CLICK_ID_HEADER: &str = "x-zlink-click-id";
+
+/// The [`CLICK_ID_HEADER`] value of a click id.
+pub fn click_id_value(id: Uuid) -> http::HeaderValue {
+    let mut buf = Uuid::encode_buffer();
+    http::HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf))
+        .expect("a hyphenated UUID is a valid header value")
 }
 
 /// The click event of one redirect.
@@ -241,7 +260,6 @@ impl Clicks {
         args: &ClickArgs,
         brokers: &str,
         tier: Tier,
-        salt: &str,
         instance: &str,
         metrics: ClickMetrics,
     ) -> Result<Arc<Clicks>, String> {
@@ -281,7 +299,7 @@ impl Clicks {
         ));
         Ok(Arc::new(Clicks {
             tier,
-            salt: salt.to_string(),
+            salt: args.ip_hash_salt.0.clone(),
             spool,
             metrics,
             stop,

@@ -161,17 +161,37 @@ impl S3Store {
     }
 
     pub async fn put(&self, slug: &str, b: &Blob) -> Result<(), S3Error> {
-        let metadata: HashMap<String, String> = blob::metadata(b)
+        let body = ByteStream::from(blob::render(b).into_bytes());
+        let cache = Some(self.cache_control.as_str());
+        self.put_object(
+            self.key(slug),
+            body,
+            blob::CONTENT_TYPE,
+            cache,
+            blob::metadata(b),
+        )
+        .await
+    }
+
+    async fn put_object(
+        &self,
+        key: String,
+        body: ByteStream,
+        content_type: &str,
+        cache_control: Option<&str>,
+        metadata: Vec<(&'static str, String)>,
+    ) -> Result<(), S3Error> {
+        let metadata: HashMap<String, String> = metadata
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         self.client
             .put_object()
             .bucket(&self.bucket)
-            .key(self.key(slug))
-            .body(ByteStream::from(blob::render(b).into_bytes()))
-            .content_type(blob::CONTENT_TYPE)
-            .cache_control(&self.cache_control)
+            .key(key)
+            .body(body)
+            .content_type(content_type)
+            .set_cache_control(cache_control.map(str::to_string))
             .set_metadata(Some(metadata))
             .send()
             .await
@@ -230,21 +250,16 @@ impl S3Store {
 
     /// Writes the tombstone of a disabled or expired link (see [`blob::tombstone_key`]).
     pub async fn put_tombstone(&self, slug: &str, t: &Tombstone) -> Result<(), S3Error> {
-        let metadata: HashMap<String, String> = blob::tombstone_metadata(t)
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        self.client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(self.tombstone_key(slug))
-            .body(ByteStream::from_static(blob::TOMBSTONE_BODY.as_bytes()))
-            .content_type("text/plain; charset=utf-8")
-            .set_metadata(Some(metadata))
-            .send()
-            .await
-            .map_err(classify)?;
-        Ok(())
+        let body = ByteStream::from_static(blob::TOMBSTONE_BODY.as_bytes());
+        let metadata = blob::tombstone_metadata(t);
+        self.put_object(
+            self.tombstone_key(slug),
+            body,
+            "text/plain; charset=utf-8",
+            None,
+            metadata,
+        )
+        .await
     }
 
     pub async fn delete_tombstone(&self, slug: &str) -> Result<(), S3Error> {

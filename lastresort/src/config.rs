@@ -4,7 +4,6 @@ use clap::Parser;
 use std::net::SocketAddr;
 use zlink_clients::clicks::ClickArgs;
 use zlink_clients::s3::S3Config;
-use zlink_clients::Secret;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -26,14 +25,6 @@ pub struct Config {
     /// on the redirect path waits for Kafka; it may be down for days.
     #[arg(long, env = "ZLINK_KAFKA")]
     pub kafka: String,
-    /// Salt for hashing client IPs in click events: must equal primary's.
-    #[arg(
-        long,
-        env = "ZLINK_IP_HASH_SALT",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub ip_hash_salt: Secret,
     /// Budget for one S3 lookup, milliseconds; past it a stale entry is served, or 503.
     #[arg(long, env = "ZLINK_S3_BUDGET_MS", default_value_t = 300)]
     pub s3_budget_ms: u64,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use zlink_clients::clicks::Clicks;
+use zlink_clients::clicks::{self, Clicks};
 use zlink_wire::slug;
 
 pub type Resp = Response<Full<Bytes>>;
@@ -104,10 +104,8 @@ async fn redirect(state: &State, slug: &str, peer: SocketAddr, headers: &http::H
         .insert("x-zlink-tier", HeaderValue::from_static("lastresort"));
     // In the spool before the answer leaves; the id lets a client or a drill trace its click.
     if let Some(id) = state.clicks.record(slug, now, peer.ip(), headers) {
-        let mut buf = uuid::Uuid::encode_buffer();
-        if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf)) {
-            r.headers_mut().insert("x-zlink-click-id", v);
-        }
+        r.headers_mut()
+            .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
     }
     state.metrics.redirected(slug);
     r

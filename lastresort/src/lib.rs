@@ -35,7 +35,6 @@ pub fn state(
         &cfg.clicks,
         cfg.kafka.trim(),
         Tier::Lastresort,
-        &cfg.ip_hash_salt.0,
         &cfg.instance,
         metrics.clicks.clone(),
     )?;

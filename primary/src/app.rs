@@ -72,7 +72,7 @@ impl AppState {
                 .map_err(|e| e.to_string())?,
             max_body_bytes: cfg.max_body_bytes,
             request_timeout: Duration::from_millis(cfg.request_timeout_ms),
-            ip_hash_salt: cfg.ip_hash_salt.0.clone(),
+            ip_hash_salt: cfg.clicks.ip_hash_salt.0.clone(),
         };
         Ok(Arc::new(AppState {
             settings,

@@ -174,14 +174,6 @@ pub struct ServeConfig {
     /// Secret key of the auto-slug permutation. Must never change once links exist.
     #[arg(long, env = "ZLINK_SLUG_KEY", hide_env_values = true)]
     pub slug_key: Secret,
-    /// Salt for hashing client IPs in click events.
-    #[arg(
-        long,
-        env = "ZLINK_IP_HASH_SALT",
-        hide_env_values = true,
-        default_value = ""
-    )]
-    pub ip_hash_salt: Secret,
     /// IDs leased per compare-and-set on the shared ID counter.
     #[arg(long, env = "ZLINK_ID_BLOCK_SIZE", default_value_t = 1000)]
     pub id_block_size: u64,

@@ -70,7 +70,6 @@ pub fn event_sink(
                 &cfg.clicks,
                 brokers,
                 zlink_wire::events::Tier::Primary,
-                &cfg.ip_hash_salt.0,
                 &cfg.instance,
                 metrics.clicks.clone(),
             )?;

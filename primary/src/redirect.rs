@@ -54,10 +54,8 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     let ev = click(state, req, slug, now);
     let id = ev.id;
     if state.events.clicked(ev) {
-        let mut buf = uuid::Uuid::encode_buffer();
-        if let Ok(v) = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf)) {
-            resp.headers_mut().insert("x-zlink-click-id", v);
-        }
+        resp.headers_mut()
+            .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
     }
     resp
 }
