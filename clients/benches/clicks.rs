@@ -1,0 +1,73 @@
+//! The per-redirect cost of recording a click: building the event and appending it to the
+//! spool (one `write(2)`, fsync in the background). Run: `cargo bench -p zlink-clients`.
+//! The append benchmark writes a few hundred MB to the temp dir (deleted afterwards).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use http::{header, HeaderMap, HeaderValue};
+use std::time::Duration;
+use zlink_clients::clicks;
+use zlink_clients::spool::{Spool, SpoolConfig};
+use zlink_wire::events::Tier;
+
+fn headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::USER_AGENT,
+        HeaderValue::from_static(
+            "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0",
+        ),
+    );
+    h.insert(
+        header::REFERER,
+        HeaderValue::from_static("https://news.example/item?id=1"),
+    );
+    h.insert("x-forwarded-for", HeaderValue::from_static("203.0.113.9"));
+    h
+}
+
+fn bench(c: &mut Criterion) {
+    let h = headers();
+    let peer = "127.0.0.1".parse().unwrap();
+    let mut g = c.benchmark_group("click");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("event+frame", |b| {
+        b.iter(|| {
+            clicks::frame(&clicks::event(
+                Tier::Lastresort,
+                "salt",
+                "aB3dE5f",
+                1,
+                peer,
+                &h,
+            ))
+        })
+    });
+    let dir = std::env::temp_dir().join(format!("zlink-bench-spool-{}", std::process::id()));
+    let cfg = SpoolConfig {
+        // No cap: every measured append must be a real write, never a refusal.
+        max_bytes: u64::MAX / 2,
+        ..SpoolConfig::new(&dir)
+    };
+    let (spool, _reader, _) = Spool::open(cfg).expect("spool");
+    let rec = clicks::frame(&clicks::event(
+        Tier::Lastresort,
+        "salt",
+        "aB3dE5f",
+        1,
+        peer,
+        &h,
+    ));
+    g.bench_function("spool append (write, fsync every 1024 or 20 ms)", |b| {
+        b.iter(|| spool.append(&rec).expect("append"))
+    });
+    g.finish();
+    drop(spool);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = bench
+}
+criterion_main!(benches);
