@@ -194,6 +194,8 @@ pub struct ClickMetrics {
     pub pending: IntGauge,
     pub disk_bytes: IntGauge,
     pub cut_bytes: IntCounter,
+    pub io_errors: IntGauge,
+    pub corrupt_skipped: IntGauge,
     pub replayed: IntCounter,
     pub replay_failures: IntCounter,
 }
@@ -218,6 +220,14 @@ impl ClickMetrics {
                 "spool_cut_bytes_total",
                 "Torn or corrupt spool bytes cut off at start",
             )?,
+            io_errors: IntGauge::new(
+                "spool_io_errors",
+                "Failed spool writes and fsyncs since start",
+            )?,
+            corrupt_skipped: IntGauge::new(
+                "spool_corrupt_skipped",
+                "Spool records that became unreadable after start and were skipped",
+            )?,
             replayed: IntCounter::new(
                 "clicks_replayed_total",
                 "Click events acknowledged by Kafka (re-sends included)",
@@ -232,6 +242,8 @@ impl ClickMetrics {
         registry.register(Box::new(m.pending.clone()))?;
         registry.register(Box::new(m.disk_bytes.clone()))?;
         registry.register(Box::new(m.cut_bytes.clone()))?;
+        registry.register(Box::new(m.io_errors.clone()))?;
+        registry.register(Box::new(m.corrupt_skipped.clone()))?;
         registry.register(Box::new(m.replayed.clone()))?;
         registry.register(Box::new(m.replay_failures.clone()))?;
         Ok(m)
@@ -241,6 +253,8 @@ impl ClickMetrics {
         let s = spool.stats();
         self.pending.set(s.pending as i64);
         self.disk_bytes.set(s.disk_bytes as i64);
+        self.io_errors.set(s.io_errors as i64);
+        self.corrupt_skipped.set(s.corrupt_skipped as i64);
     }
 }
 
@@ -267,15 +281,9 @@ impl Clicks {
         let cfg = args.spool_config();
         let (spool, reader, recovery) = Spool::open(cfg.clone())
             .map_err(|e| format!("opening spool {}: {e}", cfg.dir.display()))?;
+        // Each cut was logged per segment by the spool; this is the summary.
         tracing::info!(dir = %cfg.dir.display(), pending = recovery.pending,
-            cut_bytes = recovery.cut_bytes, "click spool open");
-        if recovery.cut_bytes > 0 {
-            tracing::warn!(
-                cut_bytes = recovery.cut_bytes,
-                segments = recovery.cut_segments,
-                "click spool: torn or corrupt tail cut off"
-            );
-        }
+            cut_bytes = recovery.cut_bytes, cut_segments = recovery.cut_segments, "click spool open");
         metrics.cut_bytes.inc_by(recovery.cut_bytes);
         metrics.observe(&spool);
         let producer: FutureProducer = ClientConfig::new()

@@ -105,7 +105,6 @@ pub enum AppendError {
 /// What [`Spool::open`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
-    pub segments: usize,
     /// Records spooled but not yet committed by the reader.
     pub pending: u64,
     /// Bytes cut off as torn or corrupt, and the segments they were cut from.
@@ -118,9 +117,10 @@ pub struct Recovery {
 pub struct Stats {
     pub pending: u64,
     pub disk_bytes: u64,
-    pub appended: u64,
     pub refused_full: u64,
+    /// Failed writes and fsyncs.
     pub io_errors: u64,
+    /// Records found unreadable after start (changed on disk underneath) and skipped.
     pub corrupt_skipped: u64,
 }
 
@@ -141,7 +141,6 @@ struct Shared {
     data: tokio::sync::Notify,
     pending: AtomicU64,
     disk_bytes: AtomicU64,
-    appended: AtomicU64,
     refused_full: AtomicU64,
     io_errors: AtomicU64,
     corrupt_skipped: AtomicU64,
@@ -377,7 +376,6 @@ impl Spool {
         }
         let file = new_segment(&dir, next)?;
         disk += MAGIC_LEN;
-        report.segments = kept.len() + 1;
         let shared = Arc::new(Shared {
             cfg,
             active: Mutex::new(Active {
@@ -392,7 +390,6 @@ impl Spool {
             data: tokio::sync::Notify::new(),
             pending: report.pending.into(),
             disk_bytes: disk.into(),
-            appended: 0.into(),
             refused_full: 0.into(),
             io_errors: 0.into(),
             corrupt_skipped: 0.into(),
@@ -494,7 +491,6 @@ impl Spool {
                 a.first_unsynced.get_or_insert_with(Instant::now);
                 s.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
                 s.pending.fetch_add(n as u64, Ordering::Relaxed);
-                s.appended.fetch_add(n as u64, Ordering::Relaxed);
                 out.waiting.clear();
                 true
             }
@@ -544,7 +540,6 @@ impl Spool {
         Stats {
             pending: s.pending.load(Ordering::Relaxed),
             disk_bytes: s.disk_bytes.load(Ordering::Relaxed),
-            appended: s.appended.load(Ordering::Relaxed),
             refused_full: s.refused_full.load(Ordering::Relaxed),
             io_errors: s.io_errors.load(Ordering::Relaxed),
             corrupt_skipped: s.corrupt_skipped.load(Ordering::Relaxed),

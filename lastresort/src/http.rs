@@ -183,7 +183,7 @@ pub async fn serve(
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             s = listener.accept() => match s {
                 Ok(s) => s,
@@ -194,7 +194,6 @@ pub async fn serve(
                 }
             },
         };
-        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
         let st = state.clone();
         let svc = hyper::service::service_fn(move |req| {
