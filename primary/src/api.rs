@@ -270,7 +270,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     )))
 }
 
-async fn load_managed(
+pub(crate) async fn load_managed(
     state: &AppState,
     headers: &HeaderMap,
     slug: &str,

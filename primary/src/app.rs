@@ -2,6 +2,7 @@
 
 use crate::auth::Authenticator;
 use crate::cache::{CacheSettings, RedirectCache};
+use crate::clickstats::ClickStore;
 use crate::clock::Clock;
 use crate::config::ServeConfig;
 use crate::events::EventSink;
@@ -34,6 +35,10 @@ pub struct AppState {
     pub events: Arc<dyn EventSink>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
+    /// Click aggregates, prepared on first use (only the stats routes need them).
+    pub clicks: tokio::sync::OnceCell<Arc<ClickStore>>,
+    /// (total, humans) per slug for the public info page, kept a few seconds.
+    pub info_totals: moka::future::Cache<String, (i64, i64)>,
 }
 
 impl AppState {
@@ -84,6 +89,11 @@ impl AppState {
             events,
             metrics,
             clock,
+            clicks: tokio::sync::OnceCell::new(),
+            info_totals: moka::future::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(Duration::from_secs(5))
+                .build(),
         }))
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError};
-use crate::{api, redirect};
+use crate::{api, redirect, stats};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -31,7 +31,9 @@ pub enum Route<'a> {
     Metrics,
     Links,
     Link(&'a str),
+    LinkStats(&'a str),
     Redirect(&'a str),
+    Info(&'a str),
     ApiNotFound,
     NotFound,
 }
@@ -48,12 +50,22 @@ impl<'a> Route<'a> {
                     if !rest.contains('/') {
                         return Route::Link(rest);
                     }
+                    if let Some(slug) = rest.strip_suffix("/stats") {
+                        if !slug.contains('/') {
+                            return Route::LinkStats(slug);
+                        }
+                    }
                 }
                 if path == "/api" || path.starts_with("/api/") {
                     return Route::ApiNotFound;
                 }
                 match path.strip_prefix('/') {
-                    Some(seg) if !seg.is_empty() && !seg.contains('/') => Route::Redirect(seg),
+                    Some(seg) if !seg.is_empty() && !seg.contains('/') => {
+                        match seg.strip_suffix('+') {
+                            Some(slug) => Route::Info(slug),
+                            None => Route::Redirect(seg),
+                        }
+                    }
                     _ => Route::NotFound,
                 }
             }
@@ -68,7 +80,9 @@ impl<'a> Route<'a> {
             Route::Metrics => "metrics",
             Route::Links => "links",
             Route::Link(_) => "link",
+            Route::LinkStats(_) => "link_stats",
             Route::Redirect(_) => "redirect",
+            Route::Info(_) => "info",
             Route::ApiNotFound | Route::NotFound => "not_found",
         }
     }
@@ -100,6 +114,10 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
         (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
         (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH")),
+        (Route::LinkStats(slug), &Method::GET) => stats::api(&state, req.headers(), slug).await,
+        (Route::LinkStats(_), _) => Err(ApiError::MethodNotAllowed("GET")),
+        (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, slug).await,
+        (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Redirect(slug), &Method::GET | &Method::HEAD) => {
             Ok(redirect::redirect(&state, &req, slug).await)
         }
@@ -265,11 +283,15 @@ mod tests {
             ("/metrics", Metrics),
             ("/api/v1/links", Links),
             ("/api/v1/links/abc", Link("abc")),
-            ("/api/v1/links/abc/stats", ApiNotFound),
+            ("/api/v1/links/abc/stats", LinkStats("abc")),
+            ("/api/v1/links/abc/stats/x", ApiNotFound),
+            ("/api/v1/links/a/b/stats", ApiNotFound),
             ("/api/v2/x", ApiNotFound),
             ("/api", ApiNotFound),
             ("/abc", Redirect("abc")),
             ("/a%2Fb", Redirect("a%2Fb")),
+            ("/abc+", Info("abc")),
+            ("/+", Info("")),
             ("/abc/", NotFound),
             ("/", NotFound),
             ("//x", NotFound),

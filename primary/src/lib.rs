@@ -6,6 +6,7 @@
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
+//! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
 //! - [`store`]: every CQL statement, LWTs, schema migration.
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
@@ -13,6 +14,9 @@
 //! - [`relay`]: link events to Kafka through the outbox; the expiry scheduler.
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
+//! - [`counter`]: the click counter (`primary count-clicks`): `clicks` topic → aggregates.
+//! - [`clickstats`]: click aggregates in ScyllaDB, exactly-once writes, the stats read model.
+//! - [`ops`]: ops endpoint and consumer lag of the background services.
 //! - [`clock`]: time as a dependency.
 //! - [`runtime`]: process plumbing shared by the binaries (tracing, signals, store retry).
 
@@ -20,17 +24,21 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod cache;
+pub mod clickstats;
 pub mod clock;
 pub mod config;
+pub mod counter;
 pub mod error;
 pub mod events;
 pub mod http;
 pub mod ids;
 pub use zlink_clients::memcache;
 pub mod metrics;
+pub mod ops;
 pub mod redirect;
 pub mod relay;
 pub mod runtime;
+pub mod stats;
 pub mod store;
 
 use std::sync::Arc;

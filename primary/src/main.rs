@@ -3,6 +3,7 @@ use clap::Parser;
 use primary::app::AppState;
 use primary::clock::{Clock, SystemClock};
 use primary::config::{Cli, Command, ServeConfig};
+use primary::counter::{CountConfig, Counter};
 use primary::metrics::Metrics;
 use primary::{auth, run, runtime, store};
 use std::sync::Arc;
@@ -49,11 +50,31 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
+    if let Err(e) = cfg.validate() {
+        bail!("invalid configuration: {e}");
+    }
+    let shutdown = runtime::shutdown_on_signals();
+    let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
+        .await
+        .context("connecting to the store")?;
+    let counter = Counter::new(&cfg, Arc::new(store))
+        .await
+        .context("starting the click counter")?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.listen))?;
+    tracing::info!(listen = %cfg.listen, topic = %cfg.clicks_topic, group = %cfg.group_id, "click counter running");
+    counter.run(listener, shutdown).await;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     runtime::init_tracing();
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg).await,
+        Command::CountClicks(cfg) => count_clicks(*cfg).await,
         Command::Migrate {
             store: cfg,
             replication_factor,

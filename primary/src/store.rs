@@ -35,7 +35,7 @@ pub enum StoreError {
     Contention(&'static str),
 }
 
-fn unavailable(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
@@ -254,12 +254,12 @@ fn schema_statements() -> Vec<String> {
         .collect()
 }
 
-fn corrupt(e: impl std::fmt::Display) -> StoreError {
+pub(crate) fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
 /// The first row of a result, if any.
-fn first<R>(res: QueryResult) -> Result<Option<R>, StoreError>
+pub(crate) fn first<R>(res: QueryResult) -> Result<Option<R>, StoreError>
 where
     R: for<'f> DeserializeRow<'f, 'f>,
 {
@@ -270,7 +270,7 @@ where
 }
 
 /// Every row of a single-page result.
-fn all<R>(res: QueryResult) -> Result<Vec<R>, StoreError>
+pub(crate) fn all<R>(res: QueryResult) -> Result<Vec<R>, StoreError>
 where
     R: for<'f> DeserializeRow<'f, 'f>,
 {
@@ -279,7 +279,7 @@ where
     it.collect::<Result<_, _>>().map_err(corrupt)
 }
 
-fn applied(result: QueryResult) -> Result<bool, StoreError> {
+pub(crate) fn applied(result: QueryResult) -> Result<bool, StoreError> {
     let rows = result.into_rows_result().map_err(unavailable)?;
     let row: Row = rows.first_row().map_err(unavailable)?;
     match row.columns.first() {
@@ -444,6 +444,11 @@ impl Store {
             .await?,
         };
         Ok(Store { session, st })
+    }
+
+    /// The session, for statements other modules prepare (click aggregates).
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
@@ -730,7 +735,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 9);
+        assert_eq!(stmts.len(), 11);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

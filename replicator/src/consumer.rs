@@ -223,41 +223,10 @@ impl Pipeline {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             }
             let this = self.clone();
-            let lags = tokio::task::spawn_blocking(move || {
-                let mut out = Vec::new();
-                let Ok(positions) = this.consumer.position() else {
-                    return out;
-                };
-                // Before the first message of a partition arrives its position is unknown;
-                // then the committed offset is where consumption stands.
-                let committed = this.consumer.committed(Duration::from_secs(1)).ok();
-                for e in positions.elements() {
-                    let Ok((_, high)) = this.consumer.fetch_watermarks(
-                        e.topic(),
-                        e.partition(),
-                        Duration::from_secs(1),
-                    ) else {
-                        continue;
-                    };
-                    let pos = e
-                        .offset()
-                        .to_raw()
-                        .filter(|o| *o >= 0)
-                        .or_else(|| {
-                            committed
-                                .as_ref()?
-                                .find_partition(e.topic(), e.partition())?
-                                .offset()
-                                .to_raw()
-                                .filter(|o| *o >= 0)
-                        })
-                        .unwrap_or(0);
-                    out.push((e.partition(), (high - pos).max(0)));
-                }
-                out
-            })
-            .await
-            .unwrap_or_default();
+            let lags =
+                tokio::task::spawn_blocking(move || primary::ops::consumer_lag(&this.consumer))
+                    .await
+                    .unwrap_or_default();
             for (p, lag) in lags {
                 self.metrics
                     .consumer_lag

@@ -4,19 +4,17 @@
 //! - [`consumer`]: the `links` consumer group, per-partition workers, offsets after S3, DLQ.
 //! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
 //! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
-//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: Prometheus metrics, one registry.
 
 pub mod apply;
 pub mod consumer;
 pub mod metrics;
-pub mod ops;
 pub mod reconcile;
 pub use zlink_clients::s3;
 
 use apply::Applier;
 use consumer::Pipeline;
-use ops::Ops;
+use primary::ops::{self, Ops};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +29,9 @@ pub async fn run(
     applier: Arc<Applier>,
     shutdown: CancellationToken,
 ) {
+    let metrics = applier.metrics.clone();
     let ops = Arc::new(Ops {
-        metrics: applier.metrics.clone(),
+        render: Box::new(move || metrics.render()),
         ready: false.into(),
     });
     let mut tasks = tokio::task::JoinSet::new();

@@ -1,20 +1,24 @@
-//! `/healthz`, `/readyz`, `/metrics` for the replicator. Readiness (S3, the store and Kafka
-//! reachable) is probed in the background every 2 s, so a probe never waits on a dependency.
+//! The ops endpoint of the background services (replicator, click counter): `/healthz`,
+//! `/readyz`, `/metrics`. Readiness is probed by the service in the background and stored in
+//! [`Ops::ready`], so a probe never waits on a dependency. Also the Kafka consumer lag both
+//! report.
 
-use crate::metrics::Metrics;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub struct Ops {
-    pub metrics: Arc<Metrics>,
+    /// Renders the service's registry in the Prometheus text format.
+    pub render: Box<dyn Fn() -> Vec<u8> + Send + Sync>,
     pub ready: AtomicBool,
 }
 
@@ -38,11 +42,9 @@ fn handle(ops: &Ops, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             json,
             br#"{"status":"not_ready"}"#.to_vec(),
         ),
-        (&Method::GET, "/metrics") => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            ops.metrics.render(),
-        ),
+        (&Method::GET, "/metrics") => {
+            respond(StatusCode::OK, "text/plain; version=0.0.4", (ops.render)())
+        }
         _ => respond(
             StatusCode::NOT_FOUND,
             json,
@@ -68,4 +70,38 @@ pub async fn serve(listener: TcpListener, ops: Arc<Ops>, shutdown: CancellationT
                 .await;
         });
     }
+}
+
+/// Messages behind the high watermark, per partition assigned to `consumer`. Blocking (it asks
+/// the broker): call it from `spawn_blocking`.
+pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
+    let mut out = Vec::new();
+    let Ok(positions) = consumer.position() else {
+        return out;
+    };
+    // Before the first message of a partition arrives its position is unknown; then the
+    // committed offset is where consumption stands.
+    let committed = consumer.committed(Duration::from_secs(1)).ok();
+    for e in positions.elements() {
+        let Ok((_, high)) =
+            consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1))
+        else {
+            continue;
+        };
+        let pos = e
+            .offset()
+            .to_raw()
+            .filter(|o| *o >= 0)
+            .or_else(|| {
+                committed
+                    .as_ref()?
+                    .find_partition(e.topic(), e.partition())?
+                    .offset()
+                    .to_raw()
+                    .filter(|o| *o >= 0)
+            })
+            .unwrap_or(0);
+        out.push((e.partition(), (high - pos).max(0)));
+    }
+    out
 }

@@ -1,0 +1,475 @@
+//! The click counter (`primary count-clicks`, component `clicks`): consumes the `clicks` topic
+//! and keeps per-link aggregates in ScyllaDB, counting every event exactly once.
+//!
+//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), group
+//! them by (link, UTC day), count every group with [`ClickStore::count`] (dedup by event id and
+//! counts in one conditional batch; see [`crate::clickstats`]), and only then store the
+//! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
+//! uncommitted batches, and counting them again changes nothing.
+
+use crate::clickstats::{day_of, ClickStore, Counted};
+use crate::config::{is_topic_name, StoreConfig};
+use crate::ops::{self, Ops};
+use crate::store::{Store, StoreError};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Message, OwnedMessage};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CountConfig {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "ZLINK_LISTEN", default_value = "127.0.0.1:8086")]
+    pub listen: SocketAddr,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "ZLINK_KAFKA", default_value = "127.0.0.1:9092")]
+    pub kafka: String,
+    /// Consumer group of all counter instances.
+    #[arg(long, env = "ZLINK_CLICKS_GROUP", default_value = "zlink-clicks")]
+    pub group_id: String,
+    #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
+    pub clicks_topic: String,
+    /// How long the ids of counted events are remembered, in days: a copy of an event that
+    /// arrives later than this after the first is counted again.
+    #[arg(long, env = "ZLINK_CLICKS_DEDUP_DAYS", default_value_t = 45)]
+    pub dedup_days: u32,
+    /// Most messages per batch.
+    #[arg(long, default_value_t = 2000)]
+    pub batch_max: usize,
+    /// How long a batch waits for more messages after its first, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub batch_wait_ms: u64,
+    /// (link, day) groups counted at the same time.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Fault injection for tests and drills: abort the process after the N-th batch was counted
+    /// and before its offsets are stored (a crash at the worst moment).
+    #[arg(long, hide = true)]
+    pub failpoint_abort_after_batches: Option<u64>,
+    #[command(flatten)]
+    pub store: StoreConfig,
+}
+
+impl CountConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.store.validate()?;
+        if self.kafka.trim().is_empty() {
+            return Err("--kafka is required".into());
+        }
+        if !is_topic_name(&self.clicks_topic) || !is_topic_name(&self.group_id) {
+            return Err(
+                "--clicks-topic and --group-id must be 1-249 characters of [A-Za-z0-9._-]".into(),
+            );
+        }
+        if !(1..=3650).contains(&self.dedup_days) {
+            return Err("--dedup-days must be between 1 and 3650".into());
+        }
+        if !(1..=100_000).contains(&self.batch_max) {
+            return Err("--batch-max must be between 1 and 100000".into());
+        }
+        if self.batch_wait_ms > 10_000 {
+            return Err("--batch-wait-ms must be at most 10000".into());
+        }
+        if !(1..=256).contains(&self.concurrency) {
+            return Err("--concurrency must be between 1 and 256".into());
+        }
+        Ok(())
+    }
+}
+
+pub struct CounterMetrics {
+    registry: Registry,
+    /// Events by outcome: counted, duplicate (already counted), invalid (skipped).
+    pub events: IntCounterVec,
+    pub batches: IntCounter,
+    /// Conditional batches that lost to another writer and were recomputed.
+    pub conflicts: IntCounter,
+    /// Failed store round trips (retried).
+    pub store_errors: IntCounter,
+    /// From the click to its count being stored, seconds (stats freshness).
+    pub click_to_count_seconds: Histogram,
+    pub consumer_lag: IntGaugeVec,
+}
+
+impl CounterMetrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("zlink_clicks".into()), None).expect("valid prefix");
+        let events = IntCounterVec::new(
+            Opts::new("events_total", "Click events by outcome"),
+            &["outcome"],
+        )
+        .expect("metric");
+        let batches = IntCounter::new("batches_total", "Batches counted").expect("metric");
+        let conflicts = IntCounter::new(
+            "conflicts_total",
+            "Conditional batches lost to another writer",
+        )
+        .expect("metric");
+        let store_errors =
+            IntCounter::new("store_errors_total", "Failed store round trips").expect("metric");
+        let click_to_count_seconds = Histogram::with_opts(
+            HistogramOpts::new("click_to_count_seconds", "Click to counted").buckets(vec![
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+            ]),
+        )
+        .expect("metric");
+        let consumer_lag = IntGaugeVec::new(
+            Opts::new("consumer_lag", "Messages not yet consumed, per partition"),
+            &["partition"],
+        )
+        .expect("metric");
+        for c in [
+            Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(batches.clone()),
+            Box::new(conflicts.clone()),
+            Box::new(store_errors.clone()),
+            Box::new(click_to_count_seconds.clone()),
+            Box::new(consumer_lag.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        CounterMetrics {
+            registry,
+            events,
+            batches,
+            conflicts,
+            store_errors,
+            click_to_count_seconds,
+            consumer_lag,
+        }
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        crate::metrics::render(&self.registry)
+    }
+}
+
+impl Default for CounterMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Earliest click time accepted (2020-01-01): anything before is a broken clock or a forgery.
+const EARLIEST_MS: i64 = 1_577_836_800_000;
+
+/// A `clicks` message as an event to count, or why it cannot be one.
+pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'static str> {
+    let ev: ClickEvent = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
+    if ev.schema != CLICK_EVENT_SCHEMA {
+        return Err("schema");
+    }
+    if !zlink_wire::slug::is_valid_slug(&ev.slug) {
+        return Err("slug");
+    }
+    if ev.at_ms < EARLIEST_MS || ev.at_ms > now_ms + 86_400_000 {
+        return Err("time");
+    }
+    Ok(ev)
+}
+
+pub struct Counter {
+    consumer: StreamConsumer,
+    clicks: Arc<ClickStore>,
+    store: Arc<Store>,
+    cfg: CountConfig,
+    pub metrics: Arc<CounterMetrics>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Counter {
+    pub async fn new(cfg: &CountConfig, store: Arc<Store>) -> anyhow::Result<Arc<Self>> {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &cfg.kafka)
+            .set("group.id", &cfg.group_id)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            // Only offsets of counted batches are ever committed.
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000")
+            .set("fetch.wait.max.ms", "100")
+            .create()?;
+        consumer.subscribe(&[&cfg.clicks_topic])?;
+        let clicks = Arc::new(ClickStore::new(store.clone()).await?);
+        Ok(Arc::new(Counter {
+            consumer,
+            clicks,
+            store,
+            cfg: cfg.clone(),
+            metrics: Arc::new(CounterMetrics::new()),
+        }))
+    }
+
+    /// Serves the ops endpoint and counts until `shutdown`; commits what was counted.
+    pub async fn run(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: CancellationToken,
+    ) {
+        let metrics = self.metrics.clone();
+        let ops = Arc::new(Ops {
+            render: Box::new(move || metrics.render()),
+            ready: false.into(),
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(ops::serve(listener, ops.clone(), shutdown.clone()));
+        tasks.spawn(self.clone().probe(ops, shutdown.clone()));
+        self.consume(&shutdown).await;
+        shutdown.cancel();
+        while tasks.join_next().await.is_some() {}
+        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+            tracing::debug!(error = %e, "final commit");
+        }
+        tracing::info!("click counter stopped");
+    }
+
+    /// Every 2 s: readiness (store and Kafka answer) and the consumer lag.
+    async fn probe(self: Arc<Self>, ops: Arc<Ops>, shutdown: CancellationToken) {
+        loop {
+            let store_ok = self.store.ping().await.is_ok();
+            let this = self.clone();
+            let (kafka_ok, lags) = tokio::task::spawn_blocking(move || {
+                let ok = this
+                    .consumer
+                    .fetch_metadata(Some(&this.cfg.clicks_topic), Duration::from_secs(1))
+                    .is_ok();
+                (ok, ops::consumer_lag(&this.consumer))
+            })
+            .await
+            .unwrap_or((false, Vec::new()));
+            ops.ready.store(store_ok && kafka_ok, Ordering::Relaxed);
+            for (p, lag) in lags {
+                self.metrics
+                    .consumer_lag
+                    .with_label_values(&[&p.to_string()])
+                    .set(lag);
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    /// The next batch: blocks for the first message, then takes what arrives within the wait.
+    async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<OwnedMessage>> {
+        let mut batch = Vec::new();
+        loop {
+            let m = tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                m = self.consumer.recv() => m,
+            };
+            match m {
+                Ok(m) => {
+                    batch.push(m.detach());
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "kafka receive error");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    }
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.cfg.batch_wait_ms);
+        while batch.len() < self.cfg.batch_max {
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep_until(deadline) => break,
+                m = self.consumer.recv() => match m {
+                    Ok(m) => batch.push(m.detach()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "kafka receive error");
+                        break;
+                    }
+                },
+            }
+        }
+        Some(batch)
+    }
+
+    async fn consume(self: &Arc<Self>, shutdown: &CancellationToken) {
+        let mut batches = 0u64;
+        while let Some(batch) = self.next_batch(shutdown).await {
+            let now = now_ms();
+            let mut groups: HashMap<(String, i32), Vec<ClickEvent>> = HashMap::new();
+            let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
+            for m in &batch {
+                let next = offsets
+                    .entry((m.topic().to_string(), m.partition()))
+                    .or_insert(0);
+                *next = (*next).max(m.offset() + 1);
+                match decode(m.payload(), now) {
+                    Ok(ev) => groups
+                        .entry((ev.slug.clone(), day_of(ev.at_ms)))
+                        .or_default()
+                        .push(ev),
+                    Err(reason) => {
+                        self.metrics.events.with_label_values(&["invalid"]).inc();
+                        tracing::warn!(
+                            partition = m.partition(),
+                            offset = m.offset(),
+                            reason,
+                            "skipping a click message that is not a valid event"
+                        );
+                    }
+                }
+            }
+            if !self.count_all(groups, shutdown).await {
+                return; // shutting down: the batch stays uncommitted and is counted by whoever comes next
+            }
+            batches += 1;
+            self.metrics.batches.inc();
+            if self.cfg.failpoint_abort_after_batches == Some(batches) {
+                tracing::error!(
+                    batches,
+                    "failpoint: aborting after counting, before committing"
+                );
+                std::process::abort();
+            }
+            for ((topic, partition), next) in offsets {
+                // A partition revoked meanwhile refuses this; its new owner re-counts the batch
+                // and the ids make that a no-op.
+                if let Err(e) = self.consumer.store_offset(&topic, partition, next) {
+                    tracing::debug!(partition, error = %e, "offset not stored");
+                }
+            }
+        }
+    }
+
+    /// Counts every group, at most `--concurrency` at once, each retried until it is stored.
+    /// False if shutdown came first.
+    async fn count_all(
+        self: &Arc<Self>,
+        groups: HashMap<(String, i32), Vec<ClickEvent>>,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let mut running = tokio::task::JoinSet::new();
+        let mut ok = true;
+        for ((slug, day), events) in groups {
+            while running.len() >= self.cfg.concurrency {
+                ok &= running
+                    .join_next()
+                    .await
+                    .and_then(Result::ok)
+                    .unwrap_or(false);
+            }
+            let (this, shutdown) = (self.clone(), shutdown.clone());
+            running.spawn(async move { this.count_group(&slug, day, &events, &shutdown).await });
+        }
+        while let Some(r) = running.join_next().await {
+            ok &= r.unwrap_or(false);
+        }
+        ok
+    }
+
+    async fn count_group(
+        &self,
+        slug: &str,
+        day: i32,
+        events: &[ClickEvent],
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let ttl_s = i32::try_from(u64::from(self.cfg.dedup_days) * 86_400).unwrap_or(i32::MAX);
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let started = Instant::now();
+            match self.clicks.count(slug, day, events, ttl_s).await {
+                Ok(Counted {
+                    counted,
+                    duplicates,
+                    conflicts,
+                }) => {
+                    let m = &self.metrics;
+                    m.events.with_label_values(&["counted"]).inc_by(counted);
+                    m.events
+                        .with_label_values(&["duplicate"])
+                        .inc_by(duplicates);
+                    m.conflicts.inc_by(conflicts);
+                    if counted > 0 {
+                        let now = now_ms();
+                        for e in events {
+                            m.click_to_count_seconds
+                                .observe((now - e.at_ms).max(0) as f64 / 1000.0);
+                        }
+                    }
+                    tracing::debug!(
+                        slug,
+                        day,
+                        counted,
+                        duplicates,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "counted"
+                    );
+                    return true;
+                }
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    let level_error = matches!(e, StoreError::Corrupt(_));
+                    if level_error {
+                        tracing::error!(slug, day, error = %e, "counting failed; retrying");
+                    } else {
+                        tracing::warn!(slug, day, error = %e, "counting failed; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn json(slug: &str, at_ms: i64) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "schema": 1, "id": uuid::Uuid::new_v4(), "slug": slug, "at_ms": at_ms,
+            "tier": "primary", "referrer": null, "user_agent": null, "ip_hash": "00",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn decode_refuses_what_it_cannot_count() {
+        assert!(decode(Some(&json("abc", NOW)), NOW).is_ok());
+        assert_eq!(decode(None, NOW), Err("empty"));
+        assert_eq!(decode(Some(b"{"), NOW), Err("json"));
+        assert_eq!(decode(Some(&json("a/b", NOW)), NOW), Err("slug"));
+        assert_eq!(decode(Some(&json("abc", 5)), NOW), Err("time"));
+        assert_eq!(
+            decode(Some(&json("abc", NOW + 2 * 86_400_000)), NOW),
+            Err("time")
+        );
+        let v2 = String::from_utf8(json("abc", NOW))
+            .unwrap()
+            .replace("\"schema\":1", "\"schema\":2");
+        assert_eq!(decode(Some(v2.as_bytes()), NOW), Err("schema"));
+    }
+}

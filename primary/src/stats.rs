@@ -1,0 +1,138 @@
+//! Reading click stats: `GET /api/v1/links/{slug}/stats` (owner or admin key) and the public
+//! info page `GET /{slug}+` (destination, creation date, click count; no click recorded).
+
+use crate::api::{effective_status, load_managed};
+use crate::app::AppState;
+use crate::clickstats::{day_of, ClickStore};
+use crate::error::{json_response, ApiError};
+use crate::http::Resp;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http_body_util::Full;
+use std::sync::Arc;
+use zlink_wire::blob::escape_html;
+use zlink_wire::{slug, LinkStatus};
+
+/// Days listed one by one in the stats API.
+pub const RECENT_DAYS: i32 = 30;
+
+async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
+    state
+        .clicks
+        .get_or_try_init(|| async { ClickStore::new(state.store.clone()).await.map(Arc::new) })
+        .await
+        .cloned()
+        .map_err(ApiError::from)
+}
+
+/// `GET /api/v1/links/{slug}/stats`
+pub async fn api(state: &AppState, headers: &HeaderMap, slug: &str) -> Result<Resp, ApiError> {
+    let link = load_managed(state, headers, slug, false).await?;
+    let stats = click_store(state).await?.link_stats(&link.slug).await?;
+    let today = day_of(state.clock.now_ms());
+    Ok(json_response(
+        StatusCode::OK,
+        &stats.to_json(&link.slug, today, RECENT_DAYS),
+    ))
+}
+
+/// `GET|HEAD /{slug}+`: a small HTML page; 404/410 like the redirect itself.
+pub async fn info(state: &AppState, slug: &str) -> Result<Resp, ApiError> {
+    if !slug::is_valid_slug(slug) {
+        return Err(ApiError::NotFound);
+    }
+    let link = state
+        .store
+        .get_link(slug)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let now = state.clock.now_ms();
+    if effective_status(link.status, link.expires_at_ms, now) != LinkStatus::Active {
+        return Err(ApiError::Gone);
+    }
+    // Public and unauthenticated: the total is cached for a few seconds so a flood of info
+    // requests reads each link's counts once per TTL, not once per request.
+    let store = click_store(state).await?;
+    let total = state
+        .info_totals
+        .try_get_with(link.slug.clone(), async {
+            store
+                .link_stats(&link.slug)
+                .await
+                .map(|s| (s.total, s.humans()))
+        })
+        .await
+        .map_err(|e| ApiError::from((*e).clone()))?;
+    let created = chrono::DateTime::from_timestamp_millis(link.created_at_ms)
+        .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+        .unwrap_or_default();
+    let body = page(
+        &format!("{}/{}", state.settings.public_base_url, link.slug),
+        &link.url,
+        &created,
+        total,
+    );
+    let mut resp = Resp::new(Full::new(Bytes::from(body)));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("x-robots-tag", HeaderValue::from_static("noindex"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    Ok(resp)
+}
+
+/// The info page. Every value from a user (the destination) is HTML-escaped; the short URL is
+/// built from the configured base and a validated slug, and escaped anyway.
+pub fn page(
+    short_url: &str,
+    destination: &str,
+    created: &str,
+    (total, humans): (i64, i64),
+) -> String {
+    let (short, dest) = (escape_html(short_url), escape_html(destination));
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\">\
+         <meta name=\"robots\" content=\"noindex\"><title>{short}</title>\
+         <style>body{{font:16px system-ui,sans-serif;max-width:40em;margin:3em auto;padding:0 1em}}\
+         dt{{font-weight:bold}}dd{{margin:0 0 1em;overflow-wrap:anywhere}}</style></head>\n\
+         <body><h1>{short}</h1><dl>\
+         <dt>Destination</dt><dd><a href=\"{dest}\" rel=\"nofollow noopener noreferrer\">{dest}</a></dd>\
+         <dt>Created</dt><dd>{created}</dd>\
+         <dt>Clicks</dt><dd>{total} ({humans} by people, {bots} by bots and link previews)</dd>\
+         </dl></body></html>\n",
+        created = escape_html(created),
+        bots = total - humans,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn page_escapes_the_destination() {
+        let p = super::page(
+            "http://s/abc",
+            "https://e.com/\"><script>alert(1)</script>?a=1&b=2",
+            "2026-11-22 10:00 UTC",
+            (7, 5),
+        );
+        assert!(!p.contains("<script>"));
+        assert!(p.contains("&lt;script&gt;"));
+        assert!(p.contains("&amp;b=2"));
+        assert!(p.contains("7 (5 by people, 2 by bots and link previews)"));
+    }
+}
