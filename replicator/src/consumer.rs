@@ -167,11 +167,12 @@ impl Pipeline {
                 }
                 Err(ApplyError::Cancelled) => return,
             }
-            // The next offset to read; a revoked partition refuses it, which is fine: the
-            // new owner re-applies from the last committed offset (idempotent).
+            // librdkafka's rd_kafka_offset_store stores `offset + 1` (the next offset to
+            // read) itself: pass the message's own offset. A revoked partition refuses it,
+            // which is fine: the new owner re-applies from the last committed offset.
             if let Err(e) = self
                 .consumer
-                .store_offset(msg.topic(), partition, msg.offset() + 1)
+                .store_offset(msg.topic(), partition, msg.offset())
             {
                 tracing::debug!(partition, error = %e, "offset not stored");
             }

@@ -412,31 +412,40 @@ pub async fn spawn_lastresort(
     }
 }
 
-/// The lastresort binary as its own process (for SIGKILL), ready once `/readyz` says so.
-pub struct LastresortProcess {
+/// A service binary as its own process (for SIGKILL and crash tests), listening on a free
+/// loopback port given with `--listen`.
+pub struct ServiceProcess {
     pub base: String,
     child: tokio::process::Child,
     _spool: Option<TempDir>,
 }
 
-impl LastresortProcess {
-    pub async fn spawn(infra: &Infra, endpoint: &str, prefix: &str, extra: &[&str]) -> Self {
-        let (argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
+impl ServiceProcess {
+    /// Starts `bin argv --listen 127.0.0.1:<free port>`; does not wait for readiness.
+    pub fn start(bin_name: &str, argv: &[String], spool: Option<TempDir>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = tokio::process::Command::new(bin("lastresort"))
-            .args(&argv)
+        let child = tokio::process::Command::new(bin(bin_name))
+            .args(argv)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
             .spawn()
-            .expect("lastresort binary");
-        let base = format!("http://127.0.0.1:{port}");
-        let ready = format!("{base}/readyz");
+            .unwrap_or_else(|e| panic!("{bin_name} binary: {e}"));
+        ServiceProcess {
+            base: format!("http://127.0.0.1:{port}"),
+            child,
+            _spool: spool,
+        }
+    }
+
+    /// Waits until `/readyz` answers 2xx (at most 30 s).
+    pub async fn ready(self) -> Self {
+        let ready = format!("{}/readyz", self.base);
         assert!(
-            eventually(Duration::from_secs(20), || {
+            eventually(Duration::from_secs(30), || {
                 let u = ready.clone();
                 async move {
                     client()
@@ -447,13 +456,47 @@ impl LastresortProcess {
                 }
             })
             .await,
-            "lastresort process ready"
+            "{} ready",
+            self.base
         );
-        LastresortProcess {
-            base,
-            child,
-            _spool: spool,
-        }
+        self
+    }
+
+    /// The lastresort binary, ready.
+    pub async fn lastresort(infra: &Infra, endpoint: &str, prefix: &str, extra: &[&str]) -> Self {
+        let (argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
+        Self::start("lastresort", &argv, spool).ready().await
+    }
+
+    /// `primary count-clicks` over `keyspace`, consuming `topic` as consumer group `group`.
+    pub fn counter(
+        infra: &Infra,
+        brokers: &str,
+        keyspace: &str,
+        topic: &str,
+        group: &str,
+        extra: &[&str],
+    ) -> Self {
+        let mut argv: Vec<String> = [
+            "count-clicks",
+            "--kafka",
+            brokers,
+            "--clicks-topic",
+            topic,
+            "--group-id",
+            group,
+            "--cql-nodes",
+            &infra.cql,
+            "--keyspace",
+            keyspace,
+            "--batch-wait-ms",
+            "20",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        Self::start("primary", &argv, None)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -469,18 +512,43 @@ impl LastresortProcess {
         self.child.kill().await.expect("SIGKILL");
     }
 
+    /// Waits (at most `within`) for the process to exit on its own.
+    pub async fn exited(mut self, within: Duration) -> std::process::ExitStatus {
+        tokio::time::timeout(within, self.child.wait())
+            .await
+            .expect("exited in time")
+            .expect("exit status")
+    }
+
     /// SIGTERM (graceful shutdown), and wait for the exit status.
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
+    pub async fn terminate(self) -> std::process::ExitStatus {
         let pid = self.pid().to_string();
         std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("kill");
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("exits within 20 s")
-            .expect("exit status")
+        self.exited(Duration::from_secs(20)).await
     }
+}
+
+/// A metric's value from a Prometheus text page: the sum over every series of `name`
+/// (`name` may include a label set to pick one series).
+pub async fn metric_sum(url: &str, name: &str) -> f64 {
+    let text = client()
+        .get(url)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The release binaries `deploy/local/test` built.
@@ -808,4 +876,57 @@ pub async fn count_rows(infra: &Infra, keyspace: &str, table: &str) -> i64 {
         .into_rows_result()
         .expect("rows");
     rows.first_row::<(i64,)>().expect("one row").0
+}
+
+/// (partition, committed offset, high watermark) of every partition of `topic` for `group`.
+pub fn group_offsets(brokers: &str, group: &str, topic: &str) -> Vec<(i32, Option<i64>, i64)> {
+    let c: rdkafka::consumer::BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    use rdkafka::consumer::Consumer;
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition(topic, p.id());
+    }
+    let committed = c.committed_offsets(tpl, Duration::from_secs(5)).unwrap();
+    committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let high = c
+                .fetch_watermarks(topic, e.partition(), Duration::from_secs(5))
+                .map(|(_, h)| h)
+                .unwrap_or(-1);
+            (e.partition(), e.offset().to_raw(), high)
+        })
+        .collect()
+}
+
+/// True once consumer group `group` has committed the end of every partition of `topic`:
+/// everything produced so far has been counted and acknowledged.
+pub async fn caught_up(brokers: &str, group: &str, topic: &str, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let (b, g, t) = (brokers.to_string(), group.to_string(), topic.to_string());
+        let offsets = tokio::task::spawn_blocking(move || group_offsets(&b, &g, &t))
+            .await
+            .unwrap();
+        // A partition nothing was ever written to has no committed offset.
+        if offsets
+            .iter()
+            .all(|(_, c, h)| c.filter(|c| *c >= 0).unwrap_or(0) == *h)
+        {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            eprintln!("group {group} not caught up on {topic}: {offsets:?}");
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

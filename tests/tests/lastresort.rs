@@ -261,7 +261,7 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
         "--clicks-timeout-ms",
         "2000",
     ];
-    let lr = LastresortProcess::spawn(&infra, &infra.s3_endpoint, &prefix, &flags).await;
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &prefix, &flags).await;
     let mut ids = HashSet::new();
     for i in 0..1000 {
         let slug = if i % 3 == 0 { "clk-b" } else { "clk-a" };
@@ -300,7 +300,7 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
         .unwrap();
 
     kafka.up().await;
-    let lr = LastresortProcess::spawn(&infra, &infra.s3_endpoint, &prefix, &flags).await;
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &prefix, &flags).await;
     assert_eq!(
         metric(
             &lr.url("/metrics"),
