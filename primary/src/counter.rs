@@ -315,10 +315,10 @@ impl Counter {
             let mut groups: HashMap<(String, i32), Vec<ClickEvent>> = HashMap::new();
             let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
             for m in &batch {
-                let next = offsets
+                let last = offsets
                     .entry((m.topic().to_string(), m.partition()))
                     .or_insert(0);
-                *next = (*next).max(m.offset() + 1);
+                *last = (*last).max(m.offset());
                 match decode(m.payload(), now) {
                     Ok(ev) => groups
                         .entry((ev.slug.clone(), day_of(ev.at_ms)))
@@ -347,10 +347,11 @@ impl Counter {
                 );
                 std::process::abort();
             }
-            for ((topic, partition), next) in offsets {
-                // A partition revoked meanwhile refuses this; its new owner re-counts the batch
-                // and the ids make that a no-op.
-                if let Err(e) = self.consumer.store_offset(&topic, partition, next) {
+            for ((topic, partition), last) in offsets {
+                // librdkafka stores `last + 1`, the next offset to read. A partition revoked
+                // meanwhile refuses it; its new owner re-counts the batch and the ids make
+                // that a no-op.
+                if let Err(e) = self.consumer.store_offset(&topic, partition, last) {
                     tracing::debug!(partition, error = %e, "offset not stored");
                 }
             }

@@ -1,0 +1,468 @@
+//! Click analytics end to end against real Kafka and Cassandra — SYSTEM.md invariant 6, every
+//! click counted exactly once: through a counter crash between counting and committing, a
+//! SIGKILL at an arbitrary moment, one spool replayed twice, and a Kafka outage during which
+//! primary and lastresort both take clicks. Also the stats API and the info page.
+
+use primary::clickstats::{day_of, referrer_host, tier_name, ClickStore, LinkStats, DAY_MS};
+use primary::store::Store;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+use zlink_e2e::*;
+use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+
+const SLUGS: usize = 10;
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// Click `i` of a varied stream: ten links, three days, every tier, bots and previews,
+/// five referrers (one of them none).
+fn event(i: usize) -> ClickEvent {
+    let tiers = [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx];
+    let agents = [
+        AgentClass::Bot,
+        AgentClass::Preview,
+        AgentClass::Browser,
+        AgentClass::Browser,
+    ];
+    ClickEvent {
+        schema: CLICK_EVENT_SCHEMA,
+        id: Uuid::new_v4(),
+        slug: format!("count-{}", i % SLUGS),
+        at_ms: now_ms() - (i % 3) as i64 * DAY_MS,
+        tier: tiers[i % 3],
+        referrer: (!i.is_multiple_of(5)).then(|| format!("https://ref{}.example/p?q={i}", i % 5)),
+        user_agent: Some("zlink-test".into()),
+        agent: agents[i % 4],
+        ip_hash: "00".repeat(32),
+    }
+}
+
+/// What the stats must say for these events, each id counted once (computed independently of
+/// the counter's own row rules).
+fn expected(events: &[ClickEvent]) -> BTreeMap<String, LinkStats> {
+    let mut seen = HashSet::new();
+    let mut out: BTreeMap<String, LinkStats> = BTreeMap::new();
+    for e in events.iter().filter(|e| seen.insert(e.id)) {
+        let s = out.entry(e.slug.clone()).or_default();
+        s.total += 1;
+        *s.by_tier.entry(tier_name(e.tier).into()).or_default() += 1;
+        let agent = match e.agent {
+            AgentClass::Browser => "browser",
+            AgentClass::Bot => "bot",
+            AgentClass::Preview => "preview",
+        };
+        *s.by_agent.entry(agent.into()).or_default() += 1;
+        *s.per_day.entry(day_of(e.at_ms)).or_default() += 1;
+        *s.referrers
+            .entry(referrer_host(e.referrer.as_deref()))
+            .or_default() += 1;
+    }
+    out
+}
+
+async fn produce(brokers: &str, topic: &str, events: &[ClickEvent]) {
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    for chunk in events.chunks(500) {
+        let sends: Vec<_> = chunk
+            .iter()
+            .map(|e| {
+                let payload = serde_json::to_vec(e).unwrap();
+                let producer = producer.clone();
+                let (slug, topic) = (e.slug.clone(), topic.to_string());
+                tokio::spawn(async move {
+                    producer
+                        .send(
+                            FutureRecord::to(&topic).key(&slug).payload(&payload),
+                            Duration::from_secs(20),
+                        )
+                        .await
+                        .map(|_| ())
+                        .map_err(|(e, _)| e)
+                })
+            })
+            .collect();
+        for s in sends {
+            s.await.unwrap().expect("acknowledged");
+        }
+    }
+}
+
+async fn click_store(infra: &Infra, ks: &str) -> Arc<ClickStore> {
+    let store = Arc::new(Store::connect(&infra.store_config(ks)).await.unwrap());
+    Arc::new(ClickStore::new(store).await.unwrap())
+}
+
+async fn stats_of(cs: &Arc<ClickStore>, slugs: &[String]) -> BTreeMap<String, LinkStats> {
+    let mut out = BTreeMap::new();
+    for s in slugs {
+        let st = cs.link_stats(s).await.unwrap();
+        if st.total > 0 {
+            out.insert(s.clone(), st);
+        }
+    }
+    out
+}
+
+async fn wait_stats(
+    cs: &Arc<ClickStore>,
+    want: &BTreeMap<String, LinkStats>,
+    within: Duration,
+) -> BTreeMap<String, LinkStats> {
+    let slugs: Vec<String> = want.keys().cloned().collect();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let got = stats_of(cs, &slugs).await;
+        if &got == want || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn total(stats: &BTreeMap<String, LinkStats>) -> i64 {
+    stats.values().map(|s| s.total).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redelivered_duplicates() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let topic = format!("clicks-{ks}");
+    let group = format!("counter-{ks}");
+    create_topics(&infra.kafka, &[(&topic, 3)]).await;
+    let cs = click_store(&infra, &ks).await;
+
+    // 3,000 clicks, then 300 of them again (what a replayed spool produces).
+    let mut events: Vec<ClickEvent> = (0..3000).map(event).collect();
+    let replayed: Vec<ClickEvent> = events[..300].to_vec();
+    produce(&infra.kafka, &topic, &events).await;
+    produce(&infra.kafka, &topic, &replayed).await;
+    let want = expected(&events);
+    let slugs: Vec<String> = want.keys().cloned().collect();
+
+    // 1. A counter that crashes after counting its second batch, before storing its offsets.
+    let crashing = ServiceProcess::counter(
+        &infra,
+        &infra.kafka,
+        &ks,
+        &topic,
+        &group,
+        &["--batch-max", "400", "--failpoint-abort-after-batches", "2"],
+    );
+    let status = crashing.exited(Duration::from_secs(60)).await;
+    assert!(!status.success(), "the failpoint aborts the counter");
+    let partial = total(&stats_of(&cs, &slugs).await);
+    assert!(
+        partial > 0 && partial < 3000,
+        "the crash came mid-stream ({partial} counted)"
+    );
+
+    // 2. Restarted: it re-reads the uncommitted batches; nothing is counted twice.
+    let counter = ServiceProcess::counter(&infra, &infra.kafka, &ks, &topic, &group, &[])
+        .ready()
+        .await;
+    let got = wait_stats(&cs, &want, Duration::from_secs(60)).await;
+    assert_eq!(got, want, "every click exactly once after the crash");
+    assert!(caught_up(&infra.kafka, &group, &topic, Duration::from_secs(30)).await);
+    assert_eq!(
+        stats_of(&cs, &slugs).await,
+        want,
+        "and still once when caught up"
+    );
+    let dups = metric_sum(
+        &counter.url("/metrics"),
+        "zlink_clicks_events_total{outcome=\"duplicate\"}",
+    )
+    .await;
+    assert!(dups >= 300.0, "replayed copies seen and ignored ({dups})");
+    assert!(counter.terminate().await.success(), "SIGTERM: clean stop");
+
+    // 3. SIGKILL at whatever moment the counter is in, while it works through 2,000 more.
+    let more: Vec<ClickEvent> = (3000..5000).map(event).collect();
+    produce(&infra.kafka, &topic, &more).await;
+    events.extend(more);
+    let want = expected(&events);
+    let counter = ServiceProcess::counter(
+        &infra,
+        &infra.kafka,
+        &ks,
+        &topic,
+        &group,
+        &["--batch-max", "100"],
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let (cs, slugs) = (cs.clone(), slugs.clone());
+            async move { total(&stats_of(&cs, &slugs).await) > 3000 }
+        })
+        .await,
+        "the counter got going"
+    );
+    counter.kill().await;
+    let killed_at = total(&stats_of(&cs, &slugs).await);
+    let counter = ServiceProcess::counter(&infra, &infra.kafka, &ks, &topic, &group, &[])
+        .ready()
+        .await;
+    let got = wait_stats(&cs, &want, Duration::from_secs(60)).await;
+    assert_eq!(
+        got, want,
+        "exactly once after a SIGKILL at {killed_at} of 5000"
+    );
+    assert!(caught_up(&infra.kafka, &group, &topic, Duration::from_secs(30)).await);
+    assert_eq!(stats_of(&cs, &slugs).await, want);
+    assert!(counter.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_spool_replayed_twice_is_counted_once() {
+    use zlink_clients::clicks::{ClickArgs, ClickMetrics, Clicks};
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let topic = format!("clicks-{ks}");
+    let group = format!("counter-{ks}");
+    create_topics(&infra.kafka, &[(&topic, 3)]).await;
+    let spool = TempDir::new("spool-twice");
+    let copy = TempDir::new("spool-twice-copy");
+    let args = |dir: &TempDir| ClickArgs {
+        spool_dir: Some(dir.path().to_path_buf()),
+        spool_max_bytes: 1 << 30,
+        spool_segment_bytes: 256 << 10,
+        spool_fsync_records: 1024,
+        spool_fsync_ms: 20,
+        clicks_topic: topic.clone(),
+        clicks_timeout_ms: 1000,
+        ip_hash_salt: zlink_clients::Secret("salt".into()),
+    };
+    let metrics = || ClickMetrics::register(&prometheus::Registry::new()).unwrap();
+
+    // Spooled while no broker answers (a port nothing listens on).
+    let events: Vec<ClickEvent> = (0..300).map(event).collect();
+    let offline = Clicks::start(
+        &args(&spool),
+        "127.0.0.1:9",
+        Tier::Lastresort,
+        "t",
+        metrics(),
+    )
+    .unwrap();
+    for e in &events {
+        assert!(offline.spool_event(e));
+    }
+    offline.shutdown().await;
+    drop(offline); // releases the spool directory's lock
+    for f in std::fs::read_dir(spool.path()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, copy.path().join(f.file_name().unwrap())).unwrap();
+    }
+
+    // The spool and its copy both replay into Kafka: every event is there twice.
+    for dir in [&spool, &copy] {
+        let c = Clicks::start(&args(dir), &infra.kafka, Tier::Lastresort, "t", metrics()).unwrap();
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let c = c.clone();
+                async move { c.stats().pending == 0 }
+            })
+            .await,
+            "spool replayed"
+        );
+        c.shutdown().await;
+    }
+
+    let cs = click_store(&infra, &ks).await;
+    let counter = ServiceProcess::counter(&infra, &infra.kafka, &ks, &topic, &group, &[])
+        .ready()
+        .await;
+    let want = expected(&events);
+    assert!(caught_up(&infra.kafka, &group, &topic, Duration::from_secs(60)).await);
+    assert_eq!(
+        stats_of(&cs, &want.keys().cloned().collect::<Vec<_>>()).await,
+        want
+    );
+    let m = counter.url("/metrics");
+    let counted = metric_sum(&m, "zlink_clicks_events_total{outcome=\"counted\"}").await;
+    let dups = metric_sum(&m, "zlink_clicks_events_total{outcome=\"duplicate\"}").await;
+    assert_eq!((counted, dups), (300.0, 300.0));
+    assert!(counter.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_tier() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    let kafka = OwnKafka::start(26400).await;
+    let topic = format!("clicks-{ks}");
+    let group = format!("counter-{ks}");
+    create_topics(
+        &kafka.brokers,
+        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
+    )
+    .await;
+    let kafka_flags = [
+        "--kafka",
+        &kafka.brokers,
+        "--clicks-topic",
+        &topic,
+        "--clicks-timeout-ms",
+        "2000",
+    ];
+    let mut primary_flags = kafka_flags.to_vec();
+    primary_flags.extend(["--links-topic", &n.links_topic]);
+    let p = spawn_primary(&infra, &ks, &primary_flags, None).await;
+    let replicator = spawn_replicator(&infra, &ks, &kafka.brokers).await;
+    let key = create_key(&p.state, "alice", false).await;
+    let other = create_key(&p.state, "mallory", false).await;
+    let c = create(
+        &p.base,
+        &key,
+        json!({"url": "https://example.com/outage?a=1&b=<2>", "slug": "outage-clicks"}),
+    )
+    .await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    let blob = infra.blob_url(&n.s3_prefix, "outage-clicks");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = blob.clone();
+            async move {
+                client()
+                    .get(&u)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await,
+        "replicated"
+    );
+    let lr =
+        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &kafka_flags).await;
+
+    kafka.stop().await;
+    let mut ids = HashSet::new();
+    for (base, tier) in [(&p.base, "primary"), (&lr.base, "lastresort")] {
+        for i in 0..1000 {
+            let ua = if i % 10 == 0 {
+                "Twitterbot/1.0".to_string()
+            } else {
+                format!("Mozilla/5.0 zlink-test/{i}")
+            };
+            let r = client()
+                .get(format!("{base}/outage-clicks"))
+                .header("user-agent", ua)
+                .header("referer", "https://news.example/item")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::FOUND, "{tier} redirect {i}");
+            assert!(ids.insert(
+                r.headers()["x-zlink-click-id"]
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            ));
+        }
+    }
+    assert_eq!(ids.len(), 2000);
+
+    kafka.up().await;
+    let counter = ServiceProcess::counter(&infra, &kafka.brokers, &ks, &topic, &group, &[])
+        .ready()
+        .await;
+    let stats_url = p.url("/api/v1/links/outage-clicks/stats");
+    let stats = |key: String| {
+        let u = stats_url.clone();
+        async move {
+            let r = client().get(&u).bearer_auth(key).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        }
+    };
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let s = stats(key.clone());
+            async move { s.await.1["total"] == 2000 }
+        })
+        .await,
+        "all 2,000 clicks counted within 60 s of Kafka's return"
+    );
+    let (status, body) = stats(key.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["by_tier"]["primary"], 1000);
+    assert_eq!(body["by_tier"]["lastresort"], 1000);
+    assert_eq!(body["by_tier"]["lastresort-nginx"], 0);
+    assert_eq!(body["humans"], 1800);
+    assert_eq!(body["bots"], 200, "link previews are counted apart");
+    assert_eq!(body["by_agent"]["preview"], 200);
+    assert_eq!(body["top_referrers"][0]["referrer"], "news.example");
+    assert_eq!(body["top_referrers"][0]["clicks"], 2000);
+    let days = body["last_days"].as_array().unwrap();
+    assert_eq!(days.len(), 30);
+    assert_eq!(days[29]["clicks"], 2000, "today");
+
+    // Freshness in normal operation: a click shows up in the stats well within 60 s.
+    let r = client()
+        .get(p.url("/outage-clicks"))
+        .header("user-agent", "Mozilla/5.0 zlink-test/fresh")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let s = stats(key.clone());
+            async move { s.await.1["total"] == 2001 }
+        })
+        .await,
+        "a click counted within 60 s"
+    );
+    assert!(caught_up(&kafka.brokers, &group, &topic, Duration::from_secs(30)).await);
+    assert_eq!(stats(key.clone()).await.1["total"], 2001);
+
+    // Only the owner (or an admin) reads stats; errors are JSON.
+    let (status, body) = stats(other.clone()).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(body["error"]["code"].is_string());
+    let r = client().get(&stats_url).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client()
+        .get(p.url("/api/v1/links/no-such-link/stats"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    // The info page: destination (escaped), creation date, clicks; viewing it is no click.
+    let r = client().get(p.url("/outage-clicks+")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    let html = r.text().await.unwrap();
+    assert!(html.contains("Clicks</dt><dd>2001 (1801 by people, 200 by bots"));
+    assert!(
+        html.contains("outage?a=1&amp;b="),
+        "destination escaped: {html}"
+    );
+    assert!(!html.contains("<2>"), "destination escaped: {html}");
+    assert!(html.contains(&chrono::Utc::now().format("%Y-%m-%d").to_string()));
+    let r = client().get(p.url("/no-such-link+")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert!(caught_up(&kafka.brokers, &group, &topic, Duration::from_secs(30)).await);
+    assert_eq!(stats(key.clone()).await.1["total"], 2001);
+
+    assert!(counter.terminate().await.success());
+    assert!(lr.terminate().await.success());
+    replicator.stop().await;
+    p.stop().await;
+}
