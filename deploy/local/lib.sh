@@ -37,7 +37,7 @@ zl_components() {
   echo cassandra kafka s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
-  echo replicator memcached-lr
+  echo replicator clicks memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
 }
 
@@ -59,6 +59,7 @@ zl_port() {
     lastresort-*) off=$((100 + ${1#lastresort-})) ;;
     primary-*) off=$((80 + ${1#primary-})) ;;
     replicator) off=85 ;;
+    clicks) off=86 ;;
     bench-nginx) off=190 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
@@ -281,6 +282,17 @@ zl_start_replicator() {
 }
 zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }
 ZL_TIMEOUT_replicator=60
+
+# ---------------------------------------------------------------- clicks (the click counter)
+zl_start_clicks() {
+  (
+    zl_primary_env
+    export RUST_LOG="${RUST_LOG:-info}"
+    zl_spawn clicks "$(zl_bin primary)" count-clicks --listen "127.0.0.1:$(zl_port clicks)"
+  )
+}
+zl_ready_clicks() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port clicks)/readyz")" == 200 ]]; }
+ZL_TIMEOUT_clicks=60
 
 # ---------------------------------------------------------------- lastresort
 zl_start_lastresort() {

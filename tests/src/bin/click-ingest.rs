@@ -1,0 +1,168 @@
+//! Click ingest benchmark against a running topology (see deploy/local/bench-clicks): produces
+//! N click events over S links to the `clicks` topic as fast as Kafka takes them, and follows
+//! the counter's own metrics until all N are counted. Prints the produce rate, the end-to-end
+//! ingest throughput (first event produced → last counted) and the consumer lag sampled on the
+//! way (messages, and seconds at the measured rate).
+
+use clap::Parser;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::time::{Duration, Instant};
+use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long)]
+    kafka: String,
+    /// The click counter's base URL (its /metrics is followed).
+    #[arg(long)]
+    counter: String,
+    #[arg(long, default_value = "clicks")]
+    topic: String,
+    #[arg(long, default_value_t = 50_000)]
+    events: u64,
+    #[arg(long, default_value_t = 1_000)]
+    slugs: u64,
+    /// Stop waiting after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    max_seconds: u64,
+}
+
+async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
+    let text = client.get(url).send().await.ok()?.text().await.ok()?;
+    let mut found = false;
+    let sum = text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .inspect(|_| found = true)
+        .sum();
+    found.then_some(sum)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    anyhow::ensure!(
+        a.events > 0 && a.events <= 10_000_000,
+        "--events 1..=10000000"
+    );
+    anyhow::ensure!(a.slugs > 0 && a.slugs <= 1_000_000, "--slugs 1..=1000000");
+    let http = reqwest::Client::new();
+    let metrics = format!("{}/metrics", a.counter.trim_end_matches('/'));
+    let counted = r#"zlink_clicks_events_total{outcome="counted"}"#;
+    let base = metric(&http, &metrics, counted).await.unwrap_or(0.0);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", &a.kafka)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "10")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+
+    let started = Instant::now();
+    let produce = {
+        let (producer, topic, run) = (producer.clone(), a.topic.clone(), run.clone());
+        let (events, slugs) = (a.events, a.slugs);
+        tokio::spawn(async move {
+            let mut inflight = tokio::task::JoinSet::new();
+            for i in 0..events {
+                let ev = ClickEvent {
+                    schema: CLICK_EVENT_SCHEMA,
+                    id: uuid::Uuid::new_v4(),
+                    slug: format!("bench-{}-{}", &run[..8], i % slugs),
+                    at_ms: chrono::Utc::now().timestamp_millis(),
+                    tier: if i % 2 == 0 {
+                        Tier::Primary
+                    } else {
+                        Tier::Lastresort
+                    },
+                    referrer: Some(format!("https://ref{}.example/", i % 7)),
+                    user_agent: Some("zlink-bench".into()),
+                    agent: if i % 10 == 0 {
+                        AgentClass::Bot
+                    } else {
+                        AgentClass::Browser
+                    },
+                    ip_hash: "00".repeat(32),
+                };
+                let payload = serde_json::to_vec(&ev).expect("json");
+                let producer = producer.clone();
+                let topic = topic.clone();
+                inflight.spawn(async move {
+                    producer
+                        .send(
+                            FutureRecord::to(&topic).key(&ev.slug).payload(&payload),
+                            Duration::from_secs(30),
+                        )
+                        .await
+                        .is_ok()
+                });
+                while inflight.len() >= 10_000 {
+                    inflight.join_next().await;
+                }
+            }
+            let mut failed = 0u64;
+            while let Some(r) = inflight.join_next().await {
+                failed += u64::from(!r.unwrap_or(false));
+            }
+            failed
+        })
+    };
+
+    let mut lags = Vec::new();
+    let mut produced_at = None;
+    let deadline = started + Duration::from_secs(a.max_seconds);
+    let mut done = 0.0;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if produced_at.is_none() && produce.is_finished() {
+            produced_at = Some(started.elapsed());
+        }
+        done = metric(&http, &metrics, counted).await.unwrap_or(base) - base;
+        if let Some(lag) = metric(&http, &metrics, "zlink_clicks_consumer_lag").await {
+            lags.push(lag);
+        }
+        if done >= a.events as f64 {
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    let failed = produce.await?;
+    let produced_s = produced_at.unwrap_or(elapsed).as_secs_f64();
+    let rate = done / elapsed.as_secs_f64();
+    lags.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        lags.get(((lags.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    println!(
+        "events {} over {} links, produce failures {failed}",
+        a.events, a.slugs
+    );
+    println!(
+        "produced in {produced_s:.1} s ({:.0} events/s into Kafka)",
+        a.events as f64 / produced_s
+    );
+    println!(
+        "counted {done:.0} in {:.1} s: {rate:.0} events/s end to end (Kafka → counted)",
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "consumer lag while ingesting (sampled every 0.5 s, {} samples): p50 {:.0} msgs, max {:.0} msgs (≈ {:.1} s at {rate:.0}/s)",
+        lags.len(),
+        pick(0.5),
+        pick(1.0),
+        pick(1.0) / rate.max(1.0),
+    );
+    anyhow::ensure!(
+        done >= a.events as f64,
+        "only {done} of {} counted within {} s",
+        a.events,
+        a.max_seconds
+    );
+    Ok(())
+}
