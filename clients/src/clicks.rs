@@ -331,7 +331,12 @@ impl Clicks {
 
     /// Appends an event built elsewhere (primary builds its own); false if refused (counted).
     pub fn spool_event(&self, ev: &ClickEvent) -> bool {
-        match self.spool.append(&frame(ev)) {
+        let r = self.spool.append(&frame(ev));
+        self.count(r)
+    }
+
+    fn count(&self, r: Result<(), AppendError>) -> bool {
+        match r {
             Ok(()) => {
                 self.metrics.spooled.inc();
                 true
@@ -347,6 +352,26 @@ impl Clicks {
                 false
             }
         }
+    }
+
+    /// Appends `events` in order and fsyncs them. Returns how many of them — always a prefix —
+    /// are durable in the spool (the rest were refused, counted, and may be offered again).
+    pub fn spool_durably(&self, events: &[ClickEvent]) -> usize {
+        let frames: Vec<Vec<u8>> = events.iter().map(frame).collect();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let mut accepted = 0;
+        for r in self.spool.append_batch(&refs) {
+            let ok = r.is_ok();
+            if !self.count(r) {
+                // Keep order: nothing after a refused event counts as durable.
+                break;
+            }
+            accepted += usize::from(ok);
+        }
+        if accepted > 0 && self.spool.sync().is_err() {
+            return 0;
+        }
+        accepted
     }
 
     pub fn stats(&self) -> crate::spool::Stats {

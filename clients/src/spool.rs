@@ -417,6 +417,14 @@ impl Spool {
         ))
     }
 
+    /// fsyncs every record appended so far (earlier segments were synced when they rolled).
+    pub fn sync(&self) -> io::Result<()> {
+        let file = self.shared.lock().file.clone();
+        file.sync_data().inspect_err(|_| {
+            self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
     pub fn append(&self, payload: &[u8]) -> Result<(), AppendError> {
         self.append_batch(&[payload])

@@ -39,6 +39,7 @@ zl_components() {
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
   echo replicator clicks memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
+  echo nginx-lastresort nginx-frontend
 }
 
 zl_port() {
@@ -61,6 +62,8 @@ zl_port() {
     replicator) off=85 ;;
     clicks) off=86 ;;
     bench-nginx) off=190 ;;
+    nginx-frontend) off=180 ;;
+    nginx-lastresort) off=181 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
   echo $((ZLINK_PORT_BASE + off))
@@ -283,6 +286,55 @@ zl_start_replicator() {
 zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }
 ZL_TIMEOUT_replicator=60
 
+# ---------------------------------------------------------------- nginx tiers
+# Both configs are rendered from nginx/*.conf (the one source of truth) with the local ports.
+# Tunables: ZLINK_NGINX_WORKERS (1), ZLINK_NGINX_CONNECT_TIMEOUT (100ms),
+# ZLINK_NGINX_READ_TIMEOUT (2s), ZLINK_NGINX_FAILOVER_BUDGET (3s), ZLINK_NGINX_FAIL_TIMEOUT (2s).
+zl_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
+# Renders nginx-frontend or nginx-lastresort into $ZLINK_RUN/nginx/NAME.conf and prints the path.
+zl_render_nginx() {
+  local name="$1" out="$ZLINK_RUN/nginx/$1.conf" servers="" backups="" i
+  local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-2s}"
+  mkdir -p "$ZLINK_RUN/nginx" "$ZLINK_RUN/$name-tmp" "$ZLINK_RUN/logs"
+  local common=(
+    "RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")"
+    "WORKERS=${ZLINK_NGINX_WORKERS:-1}"
+    "CONNECT_TIMEOUT=${ZLINK_NGINX_CONNECT_TIMEOUT:-100ms}"
+    "READ_TIMEOUT=${ZLINK_NGINX_READ_TIMEOUT:-2s}"
+    "FAILOVER_BUDGET=${ZLINK_NGINX_FAILOVER_BUDGET:-3s}"
+  )
+  case "$name" in
+    nginx-frontend)
+      for ((i = 1; i <= PRIMARY_COUNT; i++)); do
+        servers+="        server 127.0.0.1:$(zl_port "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+      done
+      backups="        server 127.0.0.1:$(zl_port nginx-lastresort) backup;"
+      python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
+        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_BACKUP_SERVERS=$backups" >&2 || return 1
+      ;;
+    nginx-lastresort)
+      for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
+        servers+="        server 127.0.0.1:$(zl_port "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+      done
+      python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
+        "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
+        "S3_HOSTPORT=127.0.0.1:$(zl_port s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
+        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" >&2 || return 1
+      ;;
+    *) zl_die "zl_render_nginx: unknown nginx $name" ;;
+  esac
+  echo "$out"
+}
+zl_start_nginx() {
+  local name="$1" conf
+  conf="$(zl_render_nginx "$name")" || zl_die "rendering $name failed"
+  "$(zl_nginx_bin)" -t -q -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" >>"$(zl_logfile "$name")" 2>&1 ||
+    zl_die "$name: nginx -t failed; see $(zl_logfile "$name")"
+  zl_spawn "$name" "$(zl_nginx_bin)" -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" -g 'daemon off;'
+}
+zl_ready_nginx() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/nginx-health")" == 200 ]]; }
+ZL_TIMEOUT_nginx=10
+
 # ---------------------------------------------------------------- clicks (the click counter)
 zl_start_clicks() {
   (
@@ -295,6 +347,8 @@ zl_ready_clicks() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://12
 ZL_TIMEOUT_clicks=60
 
 # ---------------------------------------------------------------- lastresort
+# The rung-3 click log nginx-lastresort writes and the lastresort processes ingest.
+zl_nginx_click_log() { echo "$ZLINK_RUN/logs/nginx-lastresort.clicks.json"; }
 zl_start_lastresort() {
   local name="$1"
   (
@@ -305,14 +359,14 @@ zl_start_lastresort() {
     export ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
     zl_spawn "$name" "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
       --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
-      --spool-dir "$ZLINK_RUN/spool/$name"
+      --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"
   )
 }
 zl_ready_lastresort() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_lastresort=30
 
 # ---------------------------------------------------------------- generic control
-zl_kind() { case "$1" in primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;; *) echo "$1" ;; esac; }
+zl_kind() { case "$1" in primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;; nginx-*) echo nginx ;; *) echo "$1" ;; esac; }
 
 zl_known() {
   local c
@@ -323,7 +377,7 @@ zl_known() {
 zl_is_ready() {
   local kind; kind="$(zl_kind "$1")"
   case "$kind" in
-    primary | lastresort) "zl_ready_$kind" "$1" ;;
+    primary | lastresort | nginx) "zl_ready_$kind" "$1" ;;
     *) "zl_ready_$kind" ;;
   esac
 }
@@ -335,7 +389,7 @@ zl_start() {
   if zl_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   case "$kind" in
-    primary | lastresort) "zl_start_$kind" "$name" ;;
+    primary | lastresort | nginx) "zl_start_$kind" "$name" ;;
     *) "zl_start_$kind" ;;
   esac
 }

@@ -54,6 +54,10 @@ pub struct Config {
         default_value = "private, max-age=90"
     )]
     pub redirect_cache_control: String,
+    /// The click log of this host's nginx (rung 3, nginx/lastresort.conf): tailed into the
+    /// click spool, its position kept in the spool directory. Unset: not ingested.
+    #[arg(long, env = "ZLINK_NGINX_CLICK_LOG")]
+    pub nginx_click_log: Option<std::path::PathBuf>,
 }
 
 impl Config {

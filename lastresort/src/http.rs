@@ -28,6 +28,8 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     pub cache_control: HeaderValue,
     pub ready: AtomicBool,
+    /// Tails the host nginx's rung-3 click log, when configured.
+    pub nginx_log: Option<Arc<crate::nginxlog::Tailer>>,
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Resp {

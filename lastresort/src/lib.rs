@@ -6,6 +6,7 @@
 //! - [`lookup`]: in-process fresh/stale caches → memcached → S3, strict blob reading.
 //! - [`http`]: `GET|HEAD /{slug}`, `/healthz`, `/readyz`, `/metrics`, `/stats`.
 //! - [`metrics`]: Prometheus metrics and the local `/stats` aggregates.
+//! - [`nginxlog`]: ingests the host nginx's rung-3 click log into the click spool.
 //!
 //! Clicks: every redirect appends its event to the local spool (`zlink_clients::clicks`), which
 //! a replayer ships to Kafka `clicks` whenever Kafka is reachable.
@@ -14,6 +15,7 @@ pub mod config;
 pub mod http;
 pub mod lookup;
 pub mod metrics;
+pub mod nginxlog;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -61,7 +63,22 @@ pub fn state(
         s3,
         metrics.clone(),
     );
+    let nginx_log = cfg.nginx_click_log.as_ref().map(|log| {
+        Arc::new(nginxlog::Tailer {
+            log: log.clone(),
+            position_file: cfg
+                .clicks
+                .spool_dir
+                .clone()
+                .unwrap_or_default()
+                .join("nginx-click-log.position"),
+            salt: cfg.clicks.ip_hash_salt.0.clone(),
+            clicks: clicks.clone(),
+            metrics: metrics.clone(),
+        })
+    });
     Ok(Arc::new(http::State {
+        nginx_log,
         lookup,
         clicks,
         metrics,
@@ -89,7 +106,14 @@ pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: Cance
             }
         })
     };
+    let tail = state
+        .nginx_log
+        .clone()
+        .map(|t| tokio::spawn(t.run(shutdown.clone())));
     http::serve(listener, state.clone(), shutdown, Duration::from_secs(5)).await;
     let _ = probe.await;
+    if let Some(t) = tail {
+        let _ = t.await;
+    }
     state.clicks.shutdown().await;
 }

@@ -19,6 +19,9 @@ pub struct Metrics {
     /// Objects that were not exactly what the replicator writes (treated as missing).
     pub malformed: IntCounter,
     pub memcached_errors: IntCounterVec,
+    /// Rung-3 clicks ingested from the nginx click log, and lines refused as malformed.
+    pub nginx_clicks_ingested: IntCounter,
+    pub nginx_clicks_malformed: IntCounter,
     /// Click spool and replay.
     pub clicks: zlink_clients::clicks::ClickMetrics,
     /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs).
@@ -58,8 +61,20 @@ impl Metrics {
             &["kind"],
         )
         .expect("metric");
+        let nginx_clicks_ingested = IntCounter::new(
+            "nginx_clicks_ingested_total",
+            "Rung-3 clicks ingested from the nginx click log",
+        )
+        .expect("metric");
+        let nginx_clicks_malformed = IntCounter::new(
+            "nginx_clicks_malformed_total",
+            "nginx click log lines refused as malformed",
+        )
+        .expect("metric");
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nginx_clicks_ingested.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nginx_clicks_malformed.clone()),
+            Box::new(requests.clone()),
             Box::new(lookups.clone()),
             Box::new(s3_seconds.clone()),
             Box::new(s3_errors.clone()),
@@ -78,6 +93,8 @@ impl Metrics {
             s3_errors,
             malformed,
             memcached_errors,
+            nginx_clicks_ingested,
+            nginx_clicks_malformed,
             clicks,
             redirects_total: AtomicU64::new(0),
             per_slug: moka::sync::Cache::new(100_000),
