@@ -930,3 +930,151 @@ pub async fn caught_up(brokers: &str, group: &str, topic: &str, within: Duration
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// An nginx of the test's own, from a template in `nginx/` rendered by deploy/local/nginx-render
+/// (the same renderer `up` uses) and checked with `nginx -t` before it starts.
+pub struct OwnNginx {
+    pub base: String,
+    pub dir: TempDir,
+    child: std::process::Child,
+}
+
+pub fn nginx_bin() -> String {
+    ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("nginx")
+        .to_string()
+}
+
+/// Renders `template` (a file of `nginx/`) into `dir` with `values` plus RUN, LOGS and LISTEN,
+/// and runs `nginx -t` on it. Returns the config path.
+pub fn render_nginx(
+    template: &str,
+    dir: &std::path::Path,
+    port: u16,
+    values: &[(&str, String)],
+) -> std::path::PathBuf {
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    for t in ["nginx-frontend-tmp", "nginx-lastresort-tmp"] {
+        std::fs::create_dir_all(dir.join(t)).unwrap();
+    }
+    let out = dir.join(template);
+    let mut args = vec![
+        repo_root()
+            .join("deploy/local/nginx-render")
+            .display()
+            .to_string(),
+        repo_root()
+            .join("nginx")
+            .join(template)
+            .display()
+            .to_string(),
+        out.display().to_string(),
+        format!("RUN={}", dir.display()),
+        format!("LOGS={}", logs.display()),
+        format!("LISTEN=127.0.0.1:{port}"),
+    ];
+    args.extend(values.iter().map(|(k, v)| format!("{k}={v}")));
+    let ok = std::process::Command::new("python3")
+        .args(&args)
+        .status()
+        .expect("python3");
+    assert!(ok.success(), "rendering {template}");
+    let t = std::process::Command::new(nginx_bin())
+        .args(["-t", "-q", "-p"])
+        .arg(dir)
+        .arg("-c")
+        .arg(&out)
+        .arg("-e")
+        .arg(logs.join("error.log"))
+        .output()
+        .expect("nginx -t");
+    assert!(
+        t.status.success(),
+        "nginx -t {template}: {}",
+        String::from_utf8_lossy(&t.stderr)
+    );
+    out
+}
+
+impl OwnNginx {
+    pub async fn start(template: &str, values: &[(&str, String)]) -> OwnNginx {
+        let dir = TempDir::new("nginx");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let conf = render_nginx(template, dir.path(), port, values);
+        let child = std::process::Command::new(nginx_bin())
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf)
+            .arg("-e")
+            .arg(dir.path().join("logs/error.log"))
+            .args(["-g", "daemon off;"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx");
+        let base = format!("http://127.0.0.1:{port}");
+        let health = format!("{base}/nginx-health");
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let u = health.clone();
+                async move {
+                    client()
+                        .get(&u)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                }
+            })
+            .await,
+            "nginx {template} up"
+        );
+        OwnNginx { base, dir, child }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A log file of this nginx (under its `logs/`).
+    pub fn log(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join("logs").join(name)
+    }
+
+    /// Its JSON access log so far, one value per line (nginx flushes the buffer each second,
+    /// so this polls until at least `min` lines are there).
+    pub async fn access_log(&self, name: &str, min: usize) -> Vec<serde_json::Value> {
+        let path = self.log(name);
+        let mut lines = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            lines = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON log line"))
+                .collect();
+            if lines.len() >= min {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lines
+    }
+}
+
+impl Drop for OwnNginx {
+    /// SIGTERM: the master stops its workers (SIGKILL would orphan them).
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,338 @@
+//! The degradation ladder through real nginx (SYSTEM.md rungs 1–3): the frontend fails over per
+//! request from primary to the last-resort host; that host's nginx serves the S3 page itself when
+//! its lastresort processes are down, logs those clicks, and lastresort ingests them once.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::Duration;
+use zlink_e2e::*;
+use zlink_wire::events::Tier;
+
+fn common() -> Vec<(&'static str, String)> {
+    vec![
+        ("WORKERS", "1".into()),
+        ("CONNECT_TIMEOUT", "100ms".into()),
+        ("READ_TIMEOUT", "2s".into()),
+        ("FAILOVER_BUDGET", "3s".into()),
+    ]
+}
+
+fn servers(addrs: &[String], extra: &str) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("        server {a} {extra};"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn hostport(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+#[test]
+fn the_configs_up_generates_pass_nginx_t() {
+    let run = TempDir::new("nginx-render");
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("source deploy/local/lib.sh && zl_render_nginx nginx-lastresort && zl_render_nginx nginx-frontend")
+        .current_dir(repo_root())
+        .env("ZLINK_RUN", run.path())
+        .env("ZLINK_PORT_BASE", "29000")
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let confs = String::from_utf8(out.stdout).unwrap();
+    let confs: Vec<&str> = confs.lines().collect();
+    assert_eq!(confs.len(), 2);
+    for conf in confs {
+        let text = std::fs::read_to_string(conf).unwrap();
+        assert!(!text.contains("{{"), "every placeholder filled: {conf}");
+        let t = std::process::Command::new(nginx_bin())
+            .args(["-t", "-q", "-p"])
+            .arg(run.path())
+            .args(["-c", conf, "-e"])
+            .arg(run.path().join("logs/t.log"))
+            .output()
+            .unwrap();
+        assert!(
+            t.status.success(),
+            "nginx -t {conf}: {}",
+            String::from_utf8_lossy(&t.stderr)
+        );
+    }
+}
+
+async fn get(url: &str, ua: &str) -> reqwest::Response {
+    client()
+        .get(url)
+        .header("user-agent", ua)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_once() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    let topic = format!("clicks-{ks}");
+    create_topics(
+        &infra.kafka,
+        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
+    )
+    .await;
+    let flags = [
+        "--kafka",
+        &infra.kafka,
+        "--links-topic",
+        &n.links_topic,
+        "--clicks-topic",
+        &topic,
+    ];
+    let p1 = spawn_primary(&infra, &ks, &flags, None).await;
+    let p2 = spawn_primary(&infra, &ks, &flags, None).await;
+    let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
+    let key = create_key(&p1.state, "alice", false).await;
+    let mut links = Vec::new();
+    for i in 0..3 {
+        let slug = format!("ladder-{i}");
+        let url = format!("https://example.com/ladder/{i}?a=1&b=2");
+        let c = create(&p1.base, &key, json!({"url": url, "slug": slug})).await;
+        assert_eq!(c.status(), StatusCode::CREATED);
+        let blob = infra.blob_url(&n.s3_prefix, &slug);
+        assert!(
+            eventually(Duration::from_secs(10), || {
+                let u = blob.clone();
+                async move {
+                    client()
+                        .get(&u)
+                        .send()
+                        .await
+                        .is_ok_and(|r| r.status().is_success())
+                }
+            })
+            .await,
+            "{slug} replicated"
+        );
+        links.push((slug, url));
+    }
+
+    // The last-resort host: one lastresort process behind its nginx.
+    let spool = TempDir::new("ladder-spool");
+    let click_dir = TempDir::new("ladder-clicklog");
+    let click_log = click_dir.path().join("clicks.json").display().to_string();
+    let spool_dir = spool.path().display().to_string();
+    let lr_flags = [
+        "--clicks-topic",
+        &topic,
+        "--spool-dir",
+        &spool_dir,
+        "--nginx-click-log",
+        &click_log,
+    ];
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let mut lr_values = common();
+    lr_values.extend([
+        (
+            "LASTRESORT_SERVERS",
+            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=2s"),
+        ),
+        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
+        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
+        ("S3_BUCKET", infra.s3_bucket.clone()),
+        ("S3_PREFIX", n.s3_prefix.clone()),
+        (
+            "STATIC",
+            repo_root().join("nginx/static").display().to_string(),
+        ),
+        ("CLICK_LOG", click_log.clone()),
+    ]);
+    let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let mut fe_values = common();
+    fe_values.extend([
+        (
+            "PRIMARY_SERVERS",
+            servers(
+                &[hostport(&p1.base), hostport(&p2.base)],
+                "max_fails=1 fail_timeout=2s",
+            ),
+        ),
+        (
+            "LASTRESORT_BACKUP_SERVERS",
+            servers(&[hostport(&lr_nginx.base)], "backup"),
+        ),
+    ]);
+    let fe = OwnNginx::start("frontend.conf", &fe_values).await;
+
+    // Rung 1: primary answers through the frontend.
+    for (slug, url) in &links {
+        let r = get(&fe.url(&format!("/{slug}")), "Mozilla/5.0 rung1").await;
+        assert_eq!(r.status(), StatusCode::FOUND);
+        assert_eq!(r.headers()["location"], url.as_str());
+        assert_eq!(r.headers()["x-zlink-tier"], "primary");
+    }
+    let log = fe.access_log("nginx-frontend.access.json", 3).await;
+    assert!(
+        log.iter()
+            .all(|l| l["rung"] == "1" && l["failed_over"] == "false"),
+        "{log:?}"
+    );
+
+    // Rung 2: both primaries gone; every redirect still right, from the last-resort host.
+    p1.stop().await;
+    p2.stop().await;
+    let mut rung2_ids = HashSet::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..300 {
+        let (slug, url) = links[i % links.len()].clone();
+        let u = fe.url(&format!("/{slug}"));
+        tasks.spawn(async move {
+            let r = get(&u, "Mozilla/5.0 rung2").await;
+            assert_eq!(r.status(), StatusCode::FOUND, "redirect {i} during rung 2");
+            assert_eq!(r.headers()["location"], url.as_str());
+            assert_eq!(r.headers()["x-zlink-tier"], "lastresort");
+            r.headers()["x-zlink-click-id"]
+                .to_str()
+                .unwrap()
+                .to_string()
+        });
+        if tasks.len() >= 8 {
+            rung2_ids.insert(tasks.join_next().await.unwrap().unwrap());
+        }
+    }
+    while let Some(id) = tasks.join_next().await {
+        rung2_ids.insert(id.unwrap());
+    }
+    assert_eq!(rung2_ids.len(), 300, "zero errors, one click each");
+    let log = fe.access_log("nginx-frontend.access.json", 303).await;
+    assert!(log[3..].iter().all(|l| l["rung"] == "2"));
+    assert!(
+        log[3..].iter().any(|l| l["failed_over"] == "true"),
+        "the failover shows in the log"
+    );
+
+    // The API is never sent to the last-resort host: with the primaries down a POST is a 503
+    // JSON, and lastresort never sees it.
+    let lr_metrics = lr.url("/metrics");
+    let lr_requests = || metric_sum(&lr_metrics, "zlink_lastresort_requests_total");
+    let before = lr_requests().await;
+    let r = client()
+        .post(fe.url("/api/v1/links"))
+        .bearer_auth(&key)
+        .json(&json!({"url": "https://example.com/while-down"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "unavailable"
+    );
+    let r = client()
+        .get(fe.url("/api/v1/links/ladder-0"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // (The one request more is the first /metrics scrape itself.)
+    assert_eq!(
+        lr_requests().await,
+        before + 1.0,
+        "no API request reached lastresort"
+    );
+    assert!(lr_nginx
+        .access_log("nginx-lastresort.access.json", 0)
+        .await
+        .iter()
+        .all(|l| l["method"] == "GET" && !l["uri"].as_str().unwrap().starts_with("/api")));
+
+    // Rung 3: the lastresort process is gone too; nginx on its host serves the S3 page.
+    lr.kill().await;
+    let mut rung3_ids = HashSet::new();
+    for (slug, url) in &links {
+        let r = get(&fe.url(&format!("/{slug}?utm=x")), "Twitterbot/1.0").await;
+        assert_eq!(r.status(), StatusCode::OK, "the meta-refresh page");
+        let h = r.headers().clone();
+        assert_eq!(h["x-zlink-tier"], "lastresort-nginx");
+        assert_eq!(h["content-type"], "text/html; charset=utf-8");
+        assert!(
+            h.keys().all(|k| !k.as_str().contains("amz")),
+            "no S3 headers reach the browser: {h:?}"
+        );
+        let id = h["x-zlink-click-id"].to_str().unwrap();
+        rung3_ids.insert(uuid::Uuid::parse_str(id).unwrap());
+        let body = r.text().await.unwrap();
+        let escaped = url.replace('&', "&amp;");
+        assert!(body.contains("http-equiv=\"refresh\""), "{body}");
+        assert!(body.contains(&escaped), "{body}");
+    }
+    let r = get(&fe.url("/no-such-link"), "Mozilla/5.0").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert!(
+        r.text().await.unwrap().contains("Link not found"),
+        "zlink's own 404 page"
+    );
+    let log = fe.access_log("nginx-frontend.access.json", 307).await;
+    assert!(log[log.len() - 4..log.len() - 1]
+        .iter()
+        .all(|l| l["rung"] == "3"));
+
+    // Lastresort back: it ingests the rung-3 clicks from the nginx log, with their ids.
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let ingested = lr.url("/metrics");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = ingested.clone();
+            async move { metric_sum(&u, "zlink_lastresort_nginx_clicks_ingested_total").await == 3.0 }
+        })
+        .await,
+        "the three rung-3 clicks ingested"
+    );
+    let mut want: HashSet<uuid::Uuid> = rung3_ids.clone();
+    want.extend(rung2_ids.iter().map(|id| id.parse::<uuid::Uuid>().unwrap()));
+    let (seen, events) = clicks_in_kafka(&infra.kafka, &topic, &want).await;
+    assert!(
+        want.is_subset(&seen),
+        "every rung-2 and rung-3 click in Kafka"
+    );
+    for e in events.iter().filter(|e| rung3_ids.contains(&e.id)) {
+        assert_eq!(e.tier, Tier::LastresortNginx);
+        assert_eq!(e.agent, zlink_wire::events::AgentClass::Preview);
+    }
+    // Restarted again: nothing is ingested twice (the position is kept with the spool).
+    assert!(lr.terminate().await.success());
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    // One new line: the tail ingests exactly it, not the three before it.
+    let line = format!(
+        r#"{{"v":1,"id":"{}","msec":"{}.000","slug":"ladder-0","remote_addr":"127.0.0.1","referer":"","user_agent":"Mozilla/5.0"}}"#,
+        uuid::Uuid::new_v4().simple(),
+        chrono::Utc::now().timestamp()
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&click_log)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()))
+        .unwrap();
+    let m = lr.url("/metrics");
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let u = m.clone();
+            async move { metric_sum(&u, "zlink_lastresort_nginx_clicks_ingested_total").await >= 1.0 }
+        })
+        .await
+    );
+    assert_eq!(
+        metric_sum(&m, "zlink_lastresort_nginx_clicks_ingested_total").await,
+        1.0,
+        "the earlier lines were not ingested again"
+    );
+    assert!(lr.terminate().await.success());
+    replicator.stop().await;
+}
