@@ -445,7 +445,7 @@ zl_status_line() {
   else
     pid=-; state=stopped
   fi
-  printf '%-14s %-9s pid=%-8s log=%s\n' "$name" "$state" "$pid" "$(zl_logfile "$name")"
+  printf '%-16s %-9s pid=%-8s log=%s\n' "$name" "$state" "$pid" "$(zl_logfile "$name")"
 }
 
 # Starts several components at once and waits until every one is ready.

@@ -256,6 +256,9 @@ async fn main() -> anyhow::Result<()> {
 
     let mut actions = Vec::new();
     for (i, name) in PHASES.iter().enumerate() {
+        // Requests made while the action runs belong to the new phase: the transition is
+        // what the drill is about.
+        phase.store(i, Ordering::Relaxed);
         let act_started = Instant::now();
         let result = match i {
             1 => a
@@ -276,7 +279,6 @@ async fn main() -> anyhow::Result<()> {
                 .try_for_each(|c| run_hook(&a.restore_cmd, c)),
             _ => Ok(()),
         };
-        phase.store(i, Ordering::Relaxed);
         eprintln!(
             "drill: phase {name} (action took {:.1} s)",
             act_started.elapsed().as_secs_f64()
