@@ -443,19 +443,8 @@ impl ServiceProcess {
 
     /// Waits until `/readyz` answers 2xx (at most 30 s).
     pub async fn ready(self) -> Self {
-        let ready = format!("{}/readyz", self.base);
         assert!(
-            eventually(Duration::from_secs(30), || {
-                let u = ready.clone();
-                async move {
-                    client()
-                        .get(&u)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                }
-            })
-            .await,
+            eventually_ok(&format!("{}/readyz", self.base), Duration::from_secs(30)).await,
             "{} ready",
             self.base
         );
@@ -763,6 +752,22 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Polls `url` until a GET answers 2xx, or `within` passes.
+pub async fn eventually_ok(url: &str, within: Duration) -> bool {
+    let url = url.to_string();
+    eventually(within, || {
+        let u = url.clone();
+        async move {
+            client()
+                .get(&u)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await
+}
+
 /// Polls `check` every 20 ms until it returns true or `within` passes.
 pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
 where
@@ -1021,19 +1026,8 @@ impl OwnNginx {
             .spawn()
             .expect("nginx");
         let base = format!("http://127.0.0.1:{port}");
-        let health = format!("{base}/nginx-health");
         assert!(
-            eventually(Duration::from_secs(10), || {
-                let u = health.clone();
-                async move {
-                    client()
-                        .get(&u)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                }
-            })
-            .await,
+            eventually_ok(&format!("{base}/nginx-health"), Duration::from_secs(10)).await,
             "nginx {template} up"
         );
         OwnNginx { base, dir, child }

@@ -332,18 +332,11 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
     )
     .await;
     assert_eq!(c.status(), StatusCode::CREATED);
-    let blob = infra.blob_url(&n.s3_prefix, "outage-clicks");
     assert!(
-        eventually(Duration::from_secs(10), || {
-            let u = blob.clone();
-            async move {
-                client()
-                    .get(&u)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success())
-            }
-        })
+        eventually_ok(
+            &infra.blob_url(&n.s3_prefix, "outage-clicks"),
+            Duration::from_secs(10)
+        )
         .await,
         "replicated"
     );

@@ -105,18 +105,11 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         let url = format!("https://example.com/ladder/{i}?a=1&b=2");
         let c = create(&p1.base, &key, json!({"url": url, "slug": slug})).await;
         assert_eq!(c.status(), StatusCode::CREATED);
-        let blob = infra.blob_url(&n.s3_prefix, &slug);
         assert!(
-            eventually(Duration::from_secs(10), || {
-                let u = blob.clone();
-                async move {
-                    client()
-                        .get(&u)
-                        .send()
-                        .await
-                        .is_ok_and(|r| r.status().is_success())
-                }
-            })
+            eventually_ok(
+                &infra.blob_url(&n.s3_prefix, &slug),
+                Duration::from_secs(10)
+            )
             .await,
             "{slug} replicated"
         );
@@ -273,6 +266,16 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         assert!(body.contains("http-equiv=\"refresh\""), "{body}");
         assert!(body.contains(&escaped), "{body}");
     }
+    let r = client()
+        .post(lr_nginx.url("/ladder-0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "method_not_allowed"
+    );
     let r = get(&fe.url("/no-such-link"), "Mozilla/5.0").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert!(
