@@ -345,11 +345,18 @@ impl ClickStore {
             .execute_unpaged(&self.add_day, (slug, day))
             .await
             .map_err(store::unavailable)?;
+        // After an applied batch the partition's new state is known exactly (version + 1 and
+        // the rows just written), so the next chunk needs no read; after a lost condition it
+        // is read again.
+        let mut known: Option<DayCounts> = None;
         for chunk in unique.chunks(CHUNK) {
             let chunk_ids: Vec<Uuid> = chunk.iter().map(|e| e.id).collect();
             let mut done = false;
             for _ in 0..MAX_ATTEMPTS {
-                let mut state = self.day_counts(slug, day).await?;
+                let mut state = match known.take() {
+                    Some(s) => s,
+                    None => self.day_counts(slug, day).await?,
+                };
                 let seen = self.seen(slug, day, &chunk_ids).await?;
                 let fresh: Vec<&ClickEvent> = chunk
                     .iter()
@@ -358,6 +365,7 @@ impl ClickStore {
                     .collect();
                 if fresh.is_empty() {
                     out.duplicates += chunk.len() as u64;
+                    known = Some(state);
                     done = true;
                     break;
                 }
@@ -372,6 +380,8 @@ impl ClickStore {
                 if store::applied(res)? {
                     out.counted += fresh.len() as u64;
                     out.duplicates += (chunk.len() - fresh.len()) as u64;
+                    state.version = Some(state.version.unwrap_or(0) + 1);
+                    known = Some(state);
                     done = true;
                     break;
                 }
