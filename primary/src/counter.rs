@@ -14,7 +14,6 @@ use crate::store::{Store, StoreError};
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
@@ -195,16 +194,8 @@ fn now_ms() -> i64 {
 
 impl Counter {
     pub async fn new(cfg: &CountConfig, store: Arc<Store>) -> anyhow::Result<Arc<Self>> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.kafka)
-            .set("group.id", &cfg.group_id)
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
-            // Only offsets of counted batches are ever committed.
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
+        // Only offsets of counted batches are ever committed.
+        let consumer: StreamConsumer = ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, 1000)
             .set("fetch.wait.max.ms", "100")
             .create()?;
         consumer.subscribe(&[&cfg.clicks_topic])?;
@@ -348,12 +339,7 @@ impl Counter {
                 std::process::abort();
             }
             for ((topic, partition), last) in offsets {
-                // librdkafka stores `last + 1`, the next offset to read. A partition revoked
-                // meanwhile refuses it; its new owner re-counts the batch and the ids make
-                // that a no-op.
-                if let Err(e) = self.consumer.store_offset(&topic, partition, last) {
-                    tracing::debug!(partition, error = %e, "offset not stored");
-                }
+                ops::store_done(&self.consumer, &topic, partition, last);
             }
         }
     }

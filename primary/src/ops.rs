@@ -8,6 +8,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -104,4 +105,31 @@ pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
         out.push((e.partition(), (high - pos).max(0)));
     }
     out
+}
+
+/// The consumer settings both background services share: group `group`, offsets stored by the
+/// service only after its work is durable ([`store_done`]) and auto-committed every
+/// `commit_interval_ms`, reading from the earliest offset when the group has none.
+pub fn manual_store_consumer(brokers: &str, group: &str, commit_interval_ms: u32) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", commit_interval_ms.to_string())
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000");
+    c
+}
+
+/// Marks the message at `offset` as done: the next commit makes `offset + 1` the group's
+/// position. librdkafka's `rd_kafka_offset_store` adds the 1 itself, so the message's own
+/// offset is passed (passing `offset + 1` once skipped an event per partition on every
+/// restart). A partition revoked meanwhile refuses it; its new owner redoes the work, which
+/// both services make idempotent.
+pub fn store_done(consumer: &StreamConsumer, topic: &str, partition: i32, offset: i64) {
+    if let Err(e) = consumer.store_offset(topic, partition, offset) {
+        tracing::debug!(partition, error = %e, "offset not stored");
+    }
 }

@@ -63,20 +63,13 @@ impl Pipeline {
         applier: Arc<Applier>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.kafka)
-            .set("group.id", &cfg.group_id)
-            .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "500")
-            // Only offsets we stored (after S3 confirmed) are ever committed.
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            // Events are small and latency matters more than batching.
-            .set("socket.nagle.disable", "true")
-            .set("fetch.wait.max.ms", "50")
-            .create()?;
+        // Only offsets we stored (after S3 confirmed) are ever committed.
+        let consumer: StreamConsumer =
+            primary::ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, 500)
+                // Events are small and latency matters more than batching.
+                .set("socket.nagle.disable", "true")
+                .set("fetch.wait.max.ms", "50")
+                .create()?;
         consumer.subscribe(&[&cfg.links_topic])?;
         let dlq: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", &cfg.kafka)
@@ -167,15 +160,7 @@ impl Pipeline {
                 }
                 Err(ApplyError::Cancelled) => return,
             }
-            // librdkafka's rd_kafka_offset_store stores `offset + 1` (the next offset to
-            // read) itself: pass the message's own offset. A revoked partition refuses it,
-            // which is fine: the new owner re-applies from the last committed offset.
-            if let Err(e) = self
-                .consumer
-                .store_offset(msg.topic(), partition, msg.offset())
-            {
-                tracing::debug!(partition, error = %e, "offset not stored");
-            }
+            primary::ops::store_done(&self.consumer, msg.topic(), partition, msg.offset());
         }
     }
 
