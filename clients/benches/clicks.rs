@@ -28,16 +28,17 @@ fn headers() -> HeaderMap {
 fn bench(c: &mut Criterion) {
     let h = headers();
     let peer = "127.0.0.1".parse().unwrap();
+    let trusted: clicks::TrustedProxies = clicks::DEFAULT_TRUSTED_PROXIES.parse().unwrap();
     let mut g = c.benchmark_group("click");
     g.throughput(Throughput::Elements(1));
     g.bench_function("event+frame", |b| {
         b.iter(|| {
+            let origin = trusted.origin(peer, &h, 1);
             clicks::frame(&clicks::event(
                 Tier::Lastresort,
                 "salt",
                 "aB3dE5f",
-                1,
-                peer,
+                &origin,
                 &h,
             ))
         })
@@ -53,8 +54,7 @@ fn bench(c: &mut Criterion) {
         Tier::Lastresort,
         "salt",
         "aB3dE5f",
-        1,
-        peer,
+        &trusted.origin(peer, &h, 1),
         &h,
     ));
     g.bench_function("spool append (write, fsync every 1024 or 20 ms)", |b| {

@@ -11,7 +11,6 @@ use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
 use http::{header, HeaderMap};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rand::Rng;
-use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sha2::{Digest, Sha256};
 use std::net::IpAddr;
@@ -63,6 +62,11 @@ pub struct ClickArgs {
         default_value = ""
     )]
     pub ip_hash_salt: crate::Secret,
+    /// Proxies (CIDRs, comma-separated) whose X-Forwarded-For, X-Request-Id and
+    /// X-Request-Start are believed: the click's client, id and time as the outermost hop saw
+    /// them. Empty: trust nobody (ids and times minted here, the TCP peer is the client).
+    #[arg(long, env = "ZLINK_TRUSTED_PROXIES", default_value = DEFAULT_TRUSTED_PROXIES)]
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl ClickArgs {
@@ -105,21 +109,125 @@ pub fn header_text(headers: &HeaderMap, name: header::HeaderName, max: usize) ->
     Some(v[..end].to_string())
 }
 
-/// The client address: the TCP peer, unless the peer is a local proxy (our nginx), in which case
-/// the last `X-Forwarded-For` entry, which that proxy appended.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-    if !peer.is_loopback() {
-        return peer;
+/// The proxies whose forwarding headers are believed (`--trusted-proxies`): `X-Forwarded-For`
+/// (the client), `X-Request-Id` (the click id) and `X-Request-Start` (the click time). From
+/// anyone else these headers are ignored, so a client can neither forge another visitor's
+/// address nor choose its click's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<(IpAddr, u8)>);
+
+impl std::str::FromStr for TrustedProxies {
+    type Err = String;
+    /// Comma-separated CIDRs (`127.0.0.0/8,::1/128`) or addresses; empty = trust nobody.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut nets = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (addr, bits) = match part.split_once('/') {
+                Some((a, b)) => (a, Some(b)),
+                None => (part, None),
+            };
+            let addr: IpAddr = addr
+                .parse()
+                .map_err(|_| format!("{part:?} is not an IP address or CIDR"))?;
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let bits = match bits {
+                None => max,
+                Some(b) => b
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|b| *b <= max)
+                    .ok_or_else(|| format!("{part:?} has a bad prefix length"))?,
+            };
+            nets.push((addr, bits));
+        }
+        Ok(TrustedProxies(nets))
     }
-    // Only the rightmost entry was written by our proxy; anything left of it is client-supplied.
-    headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .next_back()
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.rsplit(',').next())
-        .and_then(|s| s.trim().parse::<IpAddr>().ok())
-        .unwrap_or(peer)
+}
+
+impl TrustedProxies {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|&(net, bits)| match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        })
+    }
+
+    /// Who made the request and when, as the outermost hop saw it: from a trusted proxy, its
+    /// `X-Request-Id` (a UUID or nginx's 32 hex digits), `X-Request-Start` (`t=<secs>.<ms>` or
+    /// `<secs>.<ms>`, within a day before now) and the last `X-Forwarded-For` entry; otherwise
+    /// (or where a header is absent or malformed) a fresh UUIDv7, `now_ms` and the TCP peer.
+    /// One request therefore has one click id and one click time on whichever tier answers it,
+    /// including a tier that finishes it late after the proxy already failed over.
+    pub fn origin(&self, peer: IpAddr, headers: &HeaderMap, now_ms: i64) -> Origin {
+        let mut o = Origin {
+            id: Uuid::now_v7(),
+            at_ms: now_ms,
+            client: peer,
+        };
+        if !self.contains(peer) {
+            return o;
+        }
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        if let Some(id) = text("x-request-id")
+            .and_then(|v| Uuid::try_parse(v.trim()).ok())
+            .filter(|id| !id.is_nil())
+        {
+            o.id = id;
+        }
+        if let Some(at) = text("x-request-start")
+            .and_then(|v| msec_to_ms(v.trim().trim_start_matches("t=")))
+            .filter(|at| (now_ms - 86_400_000..=now_ms + 60_000).contains(at))
+        {
+            o.at_ms = at;
+        }
+        // Only the rightmost entry was written by our proxy; anything left of it is client-supplied.
+        if let Some(ip) = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .and_then(|s| s.trim().parse::<IpAddr>().ok())
+        {
+            o.client = ip;
+        }
+        o
+    }
+}
+
+/// Loopback only: the local topology's nginx tiers.
+pub const DEFAULT_TRUSTED_PROXIES: &str = "127.0.0.0/8,::1/128";
+
+/// A click's identity, time and client (see [`TrustedProxies::origin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    pub id: Uuid,
+    pub at_ms: i64,
+    pub client: IpAddr,
+}
+
+/// nginx's `$msec` ("1795328181.123") in milliseconds, without going through floats.
+pub fn msec_to_ms(msec: &str) -> Option<i64> {
+    let (secs, frac) = msec.split_once('.').unwrap_or((msec, "0"));
+    if secs.is_empty()
+        || secs.len() > 12
+        || !secs.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 3
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let secs: i64 = secs.parse().ok()?;
+    let ms: i64 = format!("{frac:0<3}").parse().ok()?;
+    secs.checked_mul(1000)?.checked_add(ms)
 }
 
 /// Hex SHA-256 of the deployment salt and the IP: countable, not reversible without the salt.
@@ -140,20 +248,25 @@ pub fn click_id_value(id: Uuid) -> http::HeaderValue {
         .expect("a hyphenated UUID is a valid header value")
 }
 
+/// Whether a request is a click: a browser following the link (GET). HEAD (link checkers,
+/// monitoring) gets the same answer but is not counted.
+pub fn is_click(method: &http::Method) -> bool {
+    method == http::Method::GET
+}
+
 /// The click event of one redirect.
 pub fn event(
     tier: Tier,
     salt: &str,
     slug: &str,
-    at_ms: i64,
-    peer: IpAddr,
+    origin: &Origin,
     headers: &HeaderMap,
 ) -> ClickEvent {
     ClickEvent {
         schema: CLICK_EVENT_SCHEMA,
-        id: Uuid::now_v7(),
+        id: origin.id,
         slug: slug.to_string(),
-        at_ms,
+        at_ms: origin.at_ms,
         tier,
         referrer: header_text(headers, header::REFERER, MAX_REFERRER),
         agent: AgentClass::of(
@@ -162,7 +275,7 @@ pub fn event(
                 .and_then(|v| v.to_str().ok()),
         ),
         user_agent: header_text(headers, header::USER_AGENT, MAX_USER_AGENT),
-        ip_hash: ip_hash(salt, client_ip(peer, headers)),
+        ip_hash: ip_hash(salt, origin.client),
     }
 }
 
@@ -262,6 +375,7 @@ impl ClickMetrics {
 pub struct Clicks {
     tier: Tier,
     salt: String,
+    trusted: TrustedProxies,
     spool: Arc<Spool>,
     metrics: ClickMetrics,
     stop: CancellationToken,
@@ -286,16 +400,12 @@ impl Clicks {
             cut_bytes = recovery.cut_bytes, cut_segments = recovery.cut_segments, "click spool open");
         metrics.cut_bytes.inc_by(recovery.cut_bytes);
         metrics.observe(&spool);
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
-            .set("linger.ms", "5")
-            .set("socket.nagle.disable", "true")
-            .set("client.id", format!("zlink-{instance}-clicks"))
-            .create()
-            .map_err(|e| format!("creating the clicks producer: {e}"))?;
+        let producer: FutureProducer =
+            crate::kafka::producer(brokers, &format!("zlink-{instance}-clicks"))
+                .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
+                .set("linger.ms", "5")
+                .create()
+                .map_err(|e| format!("creating the clicks producer: {e}"))?;
         let stop = CancellationToken::new();
         let replayer = tokio::spawn(replay(
             reader,
@@ -308,6 +418,7 @@ impl Clicks {
         Ok(Arc::new(Clicks {
             tier,
             salt: args.ip_hash_salt.0.clone(),
+            trusted: args.trusted_proxies.clone(),
             spool,
             metrics,
             stop,
@@ -321,11 +432,12 @@ impl Clicks {
     pub fn record(
         &self,
         slug: &str,
-        at_ms: i64,
+        now_ms: i64,
         peer: IpAddr,
         headers: &HeaderMap,
     ) -> Option<Uuid> {
-        let ev = event(self.tier, &self.salt, slug, at_ms, peer, headers);
+        let origin = self.trusted.origin(peer, headers, now_ms);
+        let ev = event(self.tier, &self.salt, slug, &origin, headers);
         self.spool_event(&ev).then_some(ev.id)
     }
 
@@ -545,25 +657,103 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    fn trusted() -> TrustedProxies {
+        DEFAULT_TRUSTED_PROXIES.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
     #[test]
-    fn client_ip_trusts_forwarded_for_only_from_loopback() {
+    fn trusted_proxies_parse_and_match_cidrs() {
+        let t: TrustedProxies = "10.0.0.0/8, 192.0.2.7,::1/128".parse().unwrap();
+        assert!(t.contains(ip("10.200.0.1")));
+        assert!(t.contains(ip("192.0.2.7")));
+        assert!(!t.contains(ip("192.0.2.8")));
+        assert!(t.contains(ip("::1")));
+        assert!(t.contains(ip("::ffff:10.1.2.3")), "IPv4-mapped");
+        assert!(!t.contains(ip("11.0.0.1")));
+        let all: TrustedProxies = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains(ip("203.0.113.1")));
+        let none: TrustedProxies = "".parse().unwrap();
+        assert!(!none.contains(ip("127.0.0.1")));
+        for bad in ["10.0.0.0/33", "x", "10.0.0.0/", "::1/129"] {
+            assert!(bad.parse::<TrustedProxies>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn origin_comes_from_a_trusted_proxy_only() {
         let mut h = HeaderMap::new();
         h.insert(
             "x-forwarded-for",
             HeaderValue::from_static("1.1.1.1, 203.0.113.9"),
         );
-        assert_eq!(
-            client_ip("127.0.0.1".parse().unwrap(), &h),
-            "203.0.113.9".parse::<IpAddr>().unwrap()
+        h.insert(
+            "x-request-id",
+            HeaderValue::from_static("0123456789abcdef0123456789abcdef"),
         );
-        assert_eq!(
-            client_ip("198.51.100.1".parse().unwrap(), &h),
-            "198.51.100.1".parse::<IpAddr>().unwrap()
+        h.insert(
+            "x-request-start",
+            HeaderValue::from_static("t=1795328181.123"),
         );
+        let now = 1_795_328_182_000;
+        let o = trusted().origin(ip("127.0.0.1"), &h, now);
+        assert_eq!(o.client, ip("203.0.113.9"));
         assert_eq!(
-            client_ip("127.0.0.1".parse().unwrap(), &HeaderMap::new()),
-            "127.0.0.1".parse::<IpAddr>().unwrap()
+            o.id.simple().to_string(),
+            "0123456789abcdef0123456789abcdef"
         );
+        assert_eq!(o.at_ms, 1_795_328_181_123);
+        // The same request seen by another tier: the same id and time.
+        assert_eq!(trusted().origin(ip("127.0.0.2"), &h, now + 30_000), o);
+        // From anyone else: nothing believed.
+        let o = trusted().origin(ip("198.51.100.1"), &h, now);
+        assert_eq!(o.client, ip("198.51.100.1"));
+        assert_ne!(
+            o.id.simple().to_string(),
+            "0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(o.at_ms, now);
+        // Malformed or implausible values are replaced, never trusted half-way.
+        let mut bad = HeaderMap::new();
+        bad.insert("x-request-id", HeaderValue::from_static("not-an-id"));
+        bad.insert("x-request-start", HeaderValue::from_static("t=17.9.5"));
+        let o = trusted().origin(ip("127.0.0.1"), &bad, now);
+        assert_eq!((o.at_ms, o.client), (now, ip("127.0.0.1")));
+        bad.insert(
+            "x-request-id",
+            HeaderValue::from_static("00000000000000000000000000000000"),
+        );
+        bad.insert("x-request-start", HeaderValue::from_static("1000.000"));
+        let o = trusted().origin(ip("127.0.0.1"), &bad, now);
+        assert!(!o.id.is_nil());
+        assert_eq!(o.at_ms, now, "a start older than a day is not believed");
+    }
+
+    #[test]
+    fn head_is_not_a_click() {
+        assert!(is_click(&http::Method::GET));
+        assert!(!is_click(&http::Method::HEAD));
+    }
+
+    #[test]
+    fn msec_parses_without_floats() {
+        assert_eq!(msec_to_ms("1795328181.123"), Some(1_795_328_181_123));
+        assert_eq!(msec_to_ms("1795328181.1"), Some(1_795_328_181_100));
+        assert_eq!(msec_to_ms("1795328181"), Some(1_795_328_181_000));
+        for bad in [
+            "",
+            ".5",
+            "1.2345",
+            "-1.000",
+            "1.-2",
+            "a.000",
+            "99999999999999.000",
+        ] {
+            assert_eq!(msec_to_ms(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
@@ -583,14 +773,12 @@ mod tests {
             header::REFERER,
             HeaderValue::from_static("https://r.example/"),
         );
-        let ev = event(
-            Tier::Lastresort,
-            "salt",
-            "abc-1",
-            7,
-            "127.0.0.1".parse().unwrap(),
-            &h,
-        );
+        let origin = Origin {
+            id: Uuid::now_v7(),
+            at_ms: 7,
+            client: ip("127.0.0.1"),
+        };
+        let ev = event(Tier::Lastresort, "salt", "abc-1", &origin, &h);
         let rec = frame(&ev);
         let (k, v) = unframe(&rec).unwrap();
         assert_eq!(k, b"abc-1");

@@ -1,14 +1,18 @@
 //! Clients shared by the zlink tiers. Depends on no service crate, so the last-resort tier can
 //! use it while depending on nothing of primary's.
 //!
-//! - [`memcache`]: small async memcached client with hard timeouts and backoff.
+//! - [`breaker`]: deadlines and circuit breaking in front of any dependency.
+//! - [`memcache`]: small async memcached client with hard timeouts and a breaker.
 //! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
+//! - [`kafka`]: the producer and reconnect settings every process shares.
 //! - [`process`]: logging and shutdown signals for every binary.
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
 //! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
 //! - [`Secret`]: a config value that never prints.
 
+pub mod breaker;
 pub mod clicks;
+pub mod kafka;
 pub mod memcache;
 pub mod process;
 pub mod s3;

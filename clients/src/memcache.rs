@@ -3,14 +3,16 @@
 //! Why not the `memcache` crate: it is blocking, so every redirect would need a
 //! `spawn_blocking` hop and its timeouts are per socket op, not per lookup. Here one budget
 //! (`timeout`) covers waiting for a connection, connecting and the round trip; past it the
-//! caller falls through to the store. After a connect failure or a timeout the client skips
-//! memcached for `backoff`, so a dead or stalled memcached costs one request per backoff period,
-//! not every request. A connection is taken out of its slot for the duration of an operation:
+//! caller falls through to the store. Every operation goes through a [`Breaker`]: after
+//! consecutive failures (refused, reset, timed out, garbled) memcached is skipped entirely for
+//! the breaker's window, then one operation probes it, so a dead or stalled memcached costs one
+//! budget per window, not one per request. A connection is taken out of its slot for the duration of an operation:
 //! if the operation is cancelled halfway (timeout), the half-used connection is dropped, never
 //! reused with unread bytes in it.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use crate::breaker::{Breaker, CallError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufStream};
 use tokio::net::TcpStream;
@@ -21,7 +23,7 @@ const MAX_VALUE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Error)]
 pub enum McError {
-    #[error("memcached skipped: backing off after a failure")]
+    #[error("memcached skipped: circuit open after failures")]
     BackingOff,
     #[error("memcached timed out")]
     Timeout,
@@ -62,10 +64,7 @@ pub struct Memcache {
     slots: Vec<Mutex<Option<BufStream<TcpStream>>>>,
     next: AtomicUsize,
     timeout: Duration,
-    backoff: Duration,
-    epoch: Instant,
-    /// Milliseconds since `epoch` before which every operation fails fast.
-    down_until_ms: AtomicU64,
+    breaker: Breaker,
 }
 
 /// memcached keys: 1..=250 bytes, no whitespace or control characters.
@@ -74,15 +73,15 @@ pub fn is_valid_key(key: &str) -> bool {
 }
 
 impl Memcache {
-    pub fn new(addr: impl Into<String>, pool: usize, timeout: Duration, backoff: Duration) -> Self {
+    /// `timeout` is the budget of one operation; `breaker` (named e.g. "memcached") decides when
+    /// memcached is skipped.
+    pub fn new(addr: impl Into<String>, pool: usize, timeout: Duration, breaker: Breaker) -> Self {
         Self {
             addr: addr.into(),
             slots: (0..pool.max(1)).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             timeout,
-            backoff,
-            epoch: Instant::now(),
-            down_until_ms: AtomicU64::new(0),
+            breaker,
         }
     }
 
@@ -134,17 +133,6 @@ impl Memcache {
         });
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn mark_down(&self) {
-        self.down_until_ms.store(
-            self.now_ms() + self.backoff.as_millis() as u64,
-            Ordering::Relaxed,
-        );
-    }
-
     async fn exec(&self, op: Op<'_>) -> Result<Reply, McError> {
         let key = match &op {
             Op::Get(k) | Op::Set(k, ..) | Op::Delete(k) => *k,
@@ -152,18 +140,13 @@ impl Memcache {
         if !is_valid_key(key) {
             return Err(McError::Protocol("invalid key".into()));
         }
-        if self.now_ms() < self.down_until_ms.load(Ordering::Relaxed) {
-            return Err(McError::BackingOff);
-        }
         let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
         let attempt = async {
             let mut guard = slot.lock().await;
             let mut conn = match guard.take() {
                 Some(c) => c,
                 None => {
-                    let s = TcpStream::connect(&self.addr)
-                        .await
-                        .inspect_err(|_| self.mark_down())?;
+                    let s = TcpStream::connect(&self.addr).await?;
                     s.set_nodelay(true)?;
                     BufStream::new(s)
                 }
@@ -172,13 +155,15 @@ impl Memcache {
             *guard = Some(conn);
             Ok(reply)
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => {
-                self.mark_down();
-                Err(McError::Timeout)
-            }
-        }
+        // Every error here is memcached (or the way to it) misbehaving: all count.
+        self.breaker
+            .call(self.timeout, |_: &McError| true, attempt)
+            .await
+            .map_err(|e| match e {
+                CallError::Open(_) => McError::BackingOff,
+                CallError::Timeout(..) => McError::Timeout,
+                CallError::Failed(e) => e,
+            })
     }
 }
 
@@ -278,12 +263,15 @@ mod tests {
     #[tokio::test]
     async fn unreachable_server_fails_fast_then_backs_off() {
         // Port 1 on loopback: connection refused.
-        let mc = Memcache::new(
-            "127.0.0.1:1",
-            2,
-            Duration::from_millis(50),
-            Duration::from_secs(5),
+        let breaker = Breaker::new(
+            "memcached",
+            crate::breaker::BreakerConfig {
+                failures_to_open: 1,
+                open_for: Duration::from_secs(5),
+            },
+            None,
         );
+        let mc = Memcache::new("127.0.0.1:1", 2, Duration::from_millis(50), breaker);
         assert!(matches!(mc.get("k").await, Err(McError::Io(_))));
         assert!(matches!(mc.get("k").await, Err(McError::BackingOff)));
     }

@@ -21,6 +21,10 @@ SEAWEEDFS_VERSION=4.48
 CASSANDRA_LIB="$ZLINK_CACHE/cassandra-$CASSANDRA_VERSION/lib"
 KAFKA_LIB="$ZLINK_CACHE/kafka-$KAFKA_VERSION/lib"
 WEED="$ZLINK_CACHE/seaweedfs-$SEAWEEDFS_VERSION/bin/weed"
+# Toxiproxy (pinned): its binaries are named `server` and `cli`.
+TOXIPROXY_VERSION=2.12.0
+TOXIPROXY="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/server"
+TOXIPROXY_CLI="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/cli"
 # The fixed cluster id Kafka's log dir is formatted with (base64 of 16 bytes).
 KAFKA_CLUSTER_ID="emxpbmstbG9jYWwtMDAwMQ"
 # Topics and their partition counts: the one place they are set.
@@ -287,39 +291,45 @@ zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http:
 ZL_TIMEOUT_replicator=60
 
 # ---------------------------------------------------------------- nginx tiers
-# Both configs are rendered from nginx/*.conf (the one source of truth) with the local ports.
-# Tunables: ZLINK_NGINX_WORKERS (1), ZLINK_NGINX_CONNECT_TIMEOUT (100ms),
-# ZLINK_NGINX_READ_TIMEOUT (2s), ZLINK_NGINX_FAILOVER_BUDGET (3s), ZLINK_NGINX_FAIL_TIMEOUT (2s).
+# Both configs are rendered from nginx/*.conf (the one source of truth) with the local ports;
+# their timeouts default to nginx/*.budgets (ARCHITECTURE.md, "Budgets"). Overrides:
+# ZLINK_NGINX_WORKERS, ZLINK_NGINX_FAIL_TIMEOUT (5s) and, per tier, ZLINK_NGINX_FRONTEND_<NAME>
+# or ZLINK_NGINX_LASTRESORT_<NAME> for a NAME of that tier's .budgets file
+# (e.g. ZLINK_NGINX_FRONTEND_REDIRECT_READ_TIMEOUT=300ms).
 zl_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
+# NAME=VALUE arguments for every ZLINK_NGINX_<TIER>_<NAME> variable set in the environment.
+zl_nginx_overrides() {
+  local tier="$1" var
+  [[ -n "${ZLINK_NGINX_WORKERS:-}" ]] && echo "WORKERS=$ZLINK_NGINX_WORKERS"
+  for var in $(compgen -e | grep "^ZLINK_NGINX_${tier}_" || true); do
+    echo "${var#ZLINK_NGINX_${tier}_}=${!var}"
+  done
+}
 # Renders nginx-frontend or nginx-lastresort into $ZLINK_RUN/nginx/NAME.conf and prints the path.
 zl_render_nginx() {
   local name="$1" out="$ZLINK_RUN/nginx/$1.conf" servers="" backups="" i
-  local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-2s}"
+  local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" overrides
   mkdir -p "$ZLINK_RUN/nginx" "$ZLINK_RUN/$name-tmp" "$ZLINK_RUN/logs"
-  local common=(
-    "RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")"
-    "WORKERS=${ZLINK_NGINX_WORKERS:-1}"
-    "CONNECT_TIMEOUT=${ZLINK_NGINX_CONNECT_TIMEOUT:-100ms}"
-    "READ_TIMEOUT=${ZLINK_NGINX_READ_TIMEOUT:-2s}"
-    "FAILOVER_BUDGET=${ZLINK_NGINX_FAILOVER_BUDGET:-3s}"
-  )
+  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")")
   case "$name" in
     nginx-frontend)
+      mapfile -t overrides < <(zl_nginx_overrides FRONTEND)
       for ((i = 1; i <= PRIMARY_COUNT; i++)); do
         servers+="        server 127.0.0.1:$(zl_port "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
-      backups="        server 127.0.0.1:$(zl_port nginx-lastresort) backup;"
+      backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
-        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_BACKUP_SERVERS=$backups" >&2 || return 1
+        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" "${overrides[@]}" >&2 || return 1
       ;;
     nginx-lastresort)
+      mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
       for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
         servers+="        server 127.0.0.1:$(zl_port "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
         "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=127.0.0.1:$(zl_port s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
-        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" >&2 || return 1
+        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;
   esac

@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use std::net::SocketAddr;
+use zlink_clients::breaker::BreakerConfig;
 use zlink_clients::clicks::ClickArgs;
 use zlink_clients::s3::S3Config;
 
@@ -25,14 +26,29 @@ pub struct Config {
     /// on the redirect path waits for Kafka; it may be down for days.
     #[arg(long, env = "ZLINK_KAFKA")]
     pub kafka: String,
-    /// Budget for one S3 lookup, milliseconds; past it a stale entry is served, or 503.
+    /// Budget for one S3 lookup (the blob, and the tombstone after a miss), milliseconds; past
+    /// it a stale entry is served, or 503. Must stay below the host nginx's read timeout for
+    /// lastresort processes (ARCHITECTURE.md, "Budgets").
     #[arg(long, env = "ZLINK_S3_BUDGET_MS", default_value_t = 300)]
     pub s3_budget_ms: u64,
+    /// Consecutive S3 failures (errors or blown budgets) that open the S3 circuit: then S3 is
+    /// not asked (stale answers or a fast 503) until one probe after --s3-breaker-open-ms.
+    #[arg(long, env = "ZLINK_S3_BREAKER_FAILURES", default_value_t = 3)]
+    pub s3_breaker_failures: u32,
+    #[arg(long, env = "ZLINK_S3_BREAKER_OPEN_MS", default_value_t = 1000)]
+    pub s3_breaker_open_ms: u64,
     /// This host's memcached (host:port); empty disables it.
     #[arg(long, env = "ZLINK_MEMCACHED", default_value = "")]
     pub memcached: String,
+    /// Budget of one memcached operation, milliseconds.
     #[arg(long, env = "ZLINK_MEMCACHED_TIMEOUT_MS", default_value_t = 20)]
     pub memcached_timeout_ms: u64,
+    /// Consecutive memcached failures that open its circuit...
+    #[arg(long, env = "ZLINK_MEMCACHED_BREAKER_FAILURES", default_value_t = 3)]
+    pub memcached_breaker_failures: u32,
+    /// ...and how long it then stays skipped before one probe, milliseconds.
+    #[arg(long, env = "ZLINK_MEMCACHED_BACKOFF_MS", default_value_t = 1000)]
+    pub memcached_backoff_ms: u64,
     #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
     pub memcached_ttl_s: u32,
     /// How long a found link is served from memory before S3 is asked again, milliseconds.
@@ -79,6 +95,22 @@ impl Config {
         if self.local_cache_bytes < 1024 * 1024 {
             return Err("--local-cache-bytes must be at least 1 MiB".into());
         }
+        self.s3_breaker().validate("--s3-breaker")?;
+        self.memcached_breaker().validate("--memcached-breaker")?;
         Ok(())
+    }
+
+    pub fn s3_breaker(&self) -> BreakerConfig {
+        BreakerConfig {
+            failures_to_open: self.s3_breaker_failures,
+            open_for: std::time::Duration::from_millis(self.s3_breaker_open_ms),
+        }
+    }
+
+    pub fn memcached_breaker(&self) -> BreakerConfig {
+        BreakerConfig {
+            failures_to_open: self.memcached_breaker_failures,
+            open_for: std::time::Duration::from_millis(self.memcached_backoff_ms),
+        }
     }
 }

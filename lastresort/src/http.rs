@@ -66,7 +66,13 @@ fn gone() -> Resp {
     )
 }
 
-async fn redirect(state: &State, slug: &str, peer: SocketAddr, headers: &http::HeaderMap) -> Resp {
+async fn redirect(
+    state: &State,
+    slug: &str,
+    peer: SocketAddr,
+    method: &Method,
+    headers: &http::HeaderMap,
+) -> Resp {
     if !slug::is_valid_slug(slug) {
         return error(StatusCode::NOT_FOUND, "not_found", "not found");
     }
@@ -105,9 +111,12 @@ async fn redirect(state: &State, slug: &str, peer: SocketAddr, headers: &http::H
     r.headers_mut()
         .insert("x-zlink-tier", HeaderValue::from_static("lastresort"));
     // In the spool before the answer leaves; the id lets a client or a drill trace its click.
-    if let Some(id) = state.clicks.record(slug, now, peer.ip(), headers) {
-        r.headers_mut()
-            .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+    // HEAD gets the same answer but is no click.
+    if clicks::is_click(method) {
+        if let Some(id) = state.clicks.record(slug, now, peer.ip(), headers) {
+            r.headers_mut()
+                .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+        }
     }
     state.metrics.redirected(slug);
     r
@@ -149,7 +158,7 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
         }
         _ => match path.strip_prefix('/') {
             Some(seg) if !seg.is_empty() && !seg.contains('/') && get_or_head => {
-                redirect(&state, seg, peer, req.headers()).await
+                redirect(&state, seg, peer, req.method(), req.headers()).await
             }
             Some(seg) if !seg.is_empty() && !seg.contains('/') => {
                 let mut r = error(

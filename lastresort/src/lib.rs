@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::breaker::Breaker;
 use zlink_clients::clicks::Clicks;
 use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
@@ -46,9 +47,14 @@ pub fn state(
             cfg.memcached.trim(),
             8,
             Duration::from_millis(cfg.memcached_timeout_ms),
-            Duration::from_secs(1),
+            Breaker::new(
+                "memcached",
+                cfg.memcached_breaker(),
+                Some(metrics.breakers.clone()),
+            ),
         ))
     });
+    let s3_breaker = Breaker::new("s3", cfg.s3_breaker(), Some(metrics.breakers.clone()));
     let lookup = lookup::Lookup::new(
         lookup::LookupSettings {
             fresh_ttl: Duration::from_millis(cfg.fresh_ttl_ms),
@@ -61,6 +67,7 @@ pub fn state(
         },
         memcached,
         s3,
+        s3_breaker,
         metrics.clone(),
     );
     let nginx_log = cfg.nginx_click_log.as_ref().map(|log| {

@@ -4,6 +4,8 @@
 //! race for it) and `stale` (long TTL, written on every successful load). When S3 is slow or
 //! down the lookup fails within its budget, and the last known answer from `stale` is served
 //! instead; with no stale entry the caller answers 503 fast, so nginx drops to the next rung.
+//! S3 sits behind a circuit breaker: once it has failed or hung a few times in a row it is not
+//! asked at all (stale answers or a 503 in microseconds) until one probe per window.
 //! An object that is not exactly what the replicator writes is treated as missing and counted:
 //! it is never redirected to.
 
@@ -13,6 +15,7 @@ use moka::Expiry;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zlink_clients::breaker::{Breaker, CallError};
 use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
 use zlink_wire::blob;
@@ -95,14 +98,8 @@ pub struct LookupSettings {
     pub memcached_prefix: String,
 }
 
-/// After an S3 failure, S3 is skipped for this long: during an outage uncached slugs get their
-/// 503 in microseconds instead of waiting out the S3 budget each time.
-const S3_BACKOFF: Duration = Duration::from_secs(1);
-
 pub struct Lookup {
-    /// Milliseconds since `epoch` before which S3 is not asked.
-    s3_down_until_ms: std::sync::atomic::AtomicU64,
-    epoch: Instant,
+    s3_breaker: Breaker,
     fresh: Cache<String, Answer>,
     stale: Cache<String, Answer>,
     memcached: Option<Arc<Memcache>>,
@@ -124,6 +121,7 @@ impl Lookup {
         settings: LookupSettings,
         memcached: Option<Arc<Memcache>>,
         s3: Arc<S3Store>,
+        s3_breaker: Breaker,
         metrics: Arc<Metrics>,
     ) -> Self {
         let fresh = Cache::builder()
@@ -140,8 +138,7 @@ impl Lookup {
             .time_to_live(settings.stale_ttl)
             .build();
         Lookup {
-            s3_down_until_ms: 0.into(),
-            epoch: Instant::now(),
+            s3_breaker,
             fresh,
             stale,
             memcached,
@@ -200,16 +197,6 @@ impl Lookup {
                     .inc(),
             }
         }
-        use std::sync::atomic::Ordering;
-        let now_ms = self.epoch.elapsed().as_millis() as u64;
-        if now_ms < self.s3_down_until_ms.load(Ordering::Relaxed) {
-            return Err(Unavailable("S3 failed recently; backing off".into()));
-        }
-        let mark_down = || {
-            let until = self.epoch.elapsed() + S3_BACKOFF;
-            self.s3_down_until_ms
-                .store(until.as_millis() as u64, Ordering::Relaxed);
-        };
         let started = Instant::now();
         // A missing blob costs a second read: the tombstone tells disabled/expired (410) from
         // unknown (404). Both reads share one budget.
@@ -220,21 +207,25 @@ impl Lookup {
                 None => Stored::Nothing,
             })
         };
-        let got = tokio::time::timeout(self.settings.s3_budget, read).await;
-        self.metrics
-            .s3_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let got = self
+            .s3_breaker
+            .call(self.settings.s3_budget, |_| true, read)
+            .await;
         let object = match got {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => {
-                self.metrics.s3_errors.inc();
-                mark_down();
-                return Err(Unavailable(e.to_string()));
+            Ok(o) => {
+                self.metrics
+                    .s3_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                o
             }
-            Err(_) => {
+            // Open circuit: no request was made, nothing to time or count as an S3 error.
+            Err(e @ CallError::Open(_)) => return Err(Unavailable(e.to_string())),
+            Err(e) => {
+                self.metrics
+                    .s3_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 self.metrics.s3_errors.inc();
-                mark_down();
-                return Err(Unavailable("timeout".into()));
+                return Err(Unavailable(e.to_string()));
             }
         };
         self.metrics.lookups.with_label_values(&["s3"]).inc();

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub nginx_clicks_malformed: IntCounter,
     /// Click spool and replay.
     pub clicks: zlink_clients::clicks::ClickMetrics,
+    /// Circuit breakers (S3, memcached): state, transitions, calls refused, timeouts.
+    pub breakers: zlink_clients::breaker::BreakerMetrics,
     /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs).
     pub redirects_total: AtomicU64,
     pub per_slug: moka::sync::Cache<String, Arc<AtomicU64>>,
@@ -85,7 +87,10 @@ impl Metrics {
         }
         let clicks =
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
+        let breakers =
+            zlink_clients::breaker::BreakerMetrics::register(&registry).expect("registered once");
         Metrics {
+            breakers,
             registry,
             requests,
             lookups,

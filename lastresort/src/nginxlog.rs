@@ -43,17 +43,6 @@ struct Line {
     user_agent: String,
 }
 
-/// nginx's `$msec` ("1795328181.123") in milliseconds, without going through floats.
-fn msec_to_ms(msec: &str) -> Option<i64> {
-    let (secs, frac) = msec.split_once('.').unwrap_or((msec, "0"));
-    if secs.is_empty() || frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let secs: i64 = secs.parse().ok()?;
-    let ms: i64 = format!("{frac:0<3}").parse().ok()?;
-    secs.checked_mul(1000)?.checked_add(ms)
-}
-
 /// One log line as the click event it records, or why it cannot be one.
 pub fn parse_line(line: &str, salt: &str) -> Result<ClickEvent, &'static str> {
     if line.len() > MAX_LINE {
@@ -71,7 +60,7 @@ pub fn parse_line(line: &str, salt: &str) -> Result<ClickEvent, &'static str> {
     if !zlink_wire::slug::is_valid_slug(&l.slug) {
         return Err("slug");
     }
-    let at_ms = msec_to_ms(&l.msec).ok_or("time")?;
+    let at_ms = clicks::msec_to_ms(&l.msec).ok_or("time")?;
     let ip: IpAddr = l.remote_addr.parse().map_err(|_| "ip")?;
     let mut headers = HeaderMap::new();
     for (name, value) in [("referer", &l.referer), ("user-agent", &l.user_agent)] {
@@ -81,9 +70,20 @@ pub fn parse_line(line: &str, salt: &str) -> Result<ClickEvent, &'static str> {
             }
         }
     }
-    let mut ev = clicks::event(Tier::LastresortNginx, salt, &l.slug, at_ms, ip, &headers);
-    ev.id = id;
-    Ok(ev)
+    // nginx resolved the client already (real_ip from trusted proxies), and chose the id and
+    // time: the frontend's, when a trusted frontend sent them (nginx/lastresort.conf).
+    let origin = clicks::Origin {
+        id,
+        at_ms,
+        client: ip,
+    };
+    Ok(clicks::event(
+        Tier::LastresortNginx,
+        salt,
+        &l.slug,
+        &origin,
+        &headers,
+    ))
 }
 
 /// Where the tail stands: which file (device, inode) and how far into it.
@@ -250,14 +250,5 @@ mod tests {
             assert_eq!(parse_line(&LINE.replace(from, to), "s").unwrap_err(), why);
         }
         assert_eq!(parse_line("{", "s").unwrap_err(), "json");
-    }
-
-    #[test]
-    fn msec_parses_without_floats() {
-        assert_eq!(msec_to_ms("1.5"), Some(1500));
-        assert_eq!(msec_to_ms("1795328181.001"), Some(1_795_328_181_001));
-        assert_eq!(msec_to_ms("12"), Some(12_000));
-        assert_eq!(msec_to_ms("1.2345"), None);
-        assert_eq!(msec_to_ms(".5"), None);
     }
 }

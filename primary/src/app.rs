@@ -13,6 +13,7 @@ use crate::store::Store;
 use http::HeaderValue;
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_clients::breaker::Breaker;
 use zlink_wire::slug::SlugCodec;
 
 /// Request-time settings derived from the validated config.
@@ -22,7 +23,10 @@ pub struct Settings {
     pub cache_control: HeaderValue,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    pub redirect_timeout: Duration,
     pub ip_hash_salt: String,
+    /// Whose X-Request-Id / X-Request-Start / X-Forwarded-For make a click's id, time, client.
+    pub trusted_proxies: zlink_clients::clicks::TrustedProxies,
 }
 
 pub struct AppState {
@@ -55,7 +59,11 @@ impl AppState {
                 addr,
                 cfg.memcached_pool,
                 Duration::from_millis(cfg.memcached_timeout_ms),
-                Duration::from_millis(cfg.memcached_backoff_ms),
+                Breaker::new(
+                    "memcached",
+                    cfg.memcached_breaker(),
+                    Some(metrics.breakers.clone()),
+                ),
             ))
         });
         let cache = RedirectCache::new(
@@ -77,7 +85,9 @@ impl AppState {
                 .map_err(|e| e.to_string())?,
             max_body_bytes: cfg.max_body_bytes,
             request_timeout: Duration::from_millis(cfg.request_timeout_ms),
+            redirect_timeout: Duration::from_millis(cfg.redirect_timeout_ms),
             ip_hash_salt: cfg.clicks.ip_hash_salt.0.clone(),
+            trusted_proxies: cfg.clicks.trusted_proxies.clone(),
         };
         Ok(Arc::new(AppState {
             settings,

@@ -133,9 +133,13 @@ pub struct ServeConfig {
     /// Connections kept open to memcached.
     #[arg(long, env = "ZLINK_MEMCACHED_POOL", default_value_t = 8)]
     pub memcached_pool: usize,
-    /// After a memcached connection failure, skip memcached for this long, milliseconds.
+    /// After --memcached-breaker-failures consecutive failures (refused, reset, past the
+    /// budget), skip memcached for this long, milliseconds; then one request probes it.
     #[arg(long, env = "ZLINK_MEMCACHED_BACKOFF_MS", default_value_t = 1000)]
     pub memcached_backoff_ms: u64,
+    /// Consecutive memcached failures that open its circuit.
+    #[arg(long, env = "ZLINK_MEMCACHED_BREAKER_FAILURES", default_value_t = 3)]
+    pub memcached_breaker_failures: u32,
     /// TTL of link entries in memcached, seconds (changes delete the entry explicitly).
     #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
     pub memcached_ttl_s: u32,
@@ -186,6 +190,22 @@ pub struct ServeConfig {
     /// Deadline for handling one request, milliseconds; past it the answer is 503.
     #[arg(long, env = "ZLINK_REQUEST_TIMEOUT_MS", default_value_t = 5000)]
     pub request_timeout_ms: u64,
+    /// Deadline of one redirect (all lookups included), milliseconds; past it the answer is a
+    /// 503 that the frontend fails over on. Must stay below the frontend's per-try read timeout
+    /// (ARCHITECTURE.md, "Budgets") and above --memcached-timeout-ms + --store-read-budget-ms.
+    #[arg(long, env = "ZLINK_REDIRECT_TIMEOUT_MS", default_value_t = 200)]
+    pub redirect_timeout_ms: u64,
+    /// Budget of the redirect's link read from the store, milliseconds (other statements have
+    /// --cql-timeout-ms). Not answering within it counts as a store failure.
+    #[arg(long, env = "ZLINK_STORE_READ_BUDGET_MS", default_value_t = 150)]
+    pub store_read_budget_ms: u64,
+    /// Consecutive store failures (errors or blown budgets) that open the store's circuit.
+    #[arg(long, env = "ZLINK_STORE_BREAKER_FAILURES", default_value_t = 3)]
+    pub store_breaker_failures: u32,
+    /// How long an open store circuit fails statements at once before one probe, ms. While it
+    /// is open, creates and uncached redirects answer 503 at once (nginx fails over).
+    #[arg(long, env = "ZLINK_STORE_BREAKER_OPEN_MS", default_value_t = 1000)]
+    pub store_breaker_open_ms: u64,
     /// Time allowed for in-flight requests to finish after SIGTERM, seconds.
     #[arg(long, env = "ZLINK_SHUTDOWN_GRACE_S", default_value_t = 10)]
     pub shutdown_grace_s: u64,
@@ -245,7 +265,35 @@ impl ServeConfig {
         if self.request_timeout_ms < 10 {
             return Err("--request-timeout-ms must be at least 10".into());
         }
+        if !(1..=10_000).contains(&self.store_read_budget_ms) {
+            return Err("--store-read-budget-ms must be between 1 and 10000".into());
+        }
+        if self.redirect_timeout_ms <= self.memcached_timeout_ms + self.store_read_budget_ms
+            || self.redirect_timeout_ms > self.request_timeout_ms
+        {
+            return Err(
+                "--redirect-timeout-ms must exceed --memcached-timeout-ms + \
+                 --store-read-budget-ms (a miss may use both) and not exceed --request-timeout-ms"
+                    .into(),
+            );
+        }
+        self.store_breaker().validate("--store-breaker")?;
+        self.memcached_breaker().validate("--memcached-breaker")?;
         Ok(())
+    }
+
+    pub fn store_breaker(&self) -> zlink_clients::breaker::BreakerConfig {
+        zlink_clients::breaker::BreakerConfig {
+            failures_to_open: self.store_breaker_failures,
+            open_for: Duration::from_millis(self.store_breaker_open_ms),
+        }
+    }
+
+    pub fn memcached_breaker(&self) -> zlink_clients::breaker::BreakerConfig {
+        zlink_clients::breaker::BreakerConfig {
+            failures_to_open: self.memcached_breaker_failures,
+            open_for: Duration::from_millis(self.memcached_backoff_ms),
+        }
     }
 
     pub fn kafka_brokers(&self) -> Option<&str> {
@@ -302,6 +350,13 @@ mod tests {
         assert!(serve(&["--redirect-cache-control", "a\nb"])
             .unwrap_err()
             .contains("cache-control"));
+        // A redirect deadline that a cache miss cannot fit in is refused.
+        assert!(serve(&["--redirect-timeout-ms", "100"])
+            .unwrap_err()
+            .contains("redirect-timeout-ms"));
+        assert!(serve(&["--store-breaker-failures", "0"])
+            .unwrap_err()
+            .contains("store-breaker"));
     }
 
     #[test]

@@ -78,6 +78,8 @@ impl ApiError {
     pub fn into_response(self) -> Response<Full<Bytes>> {
         match &self {
             ApiError::Internal(detail) => tracing::error!(detail = ?detail, "internal error"),
+            // An open circuit answers thousands of requests a second: its opening was logged.
+            ApiError::Unavailable(StoreError::CircuitOpen) => {}
             ApiError::Unavailable(e) => tracing::warn!(error = %e, "dependency unavailable"),
             _ => {}
         }

@@ -57,6 +57,25 @@ pub async fn run(
     http::serve(listener, state, shutdown, grace).await
 }
 
+/// Puts the store's circuit breaker and budgets (from `cfg`) in front of `store`: what a
+/// serving primary (binary and tests alike) talks to.
+pub fn guard_store(
+    store: store::Store,
+    cfg: &config::ServeConfig,
+    metrics: &metrics::Metrics,
+) -> store::Store {
+    let breaker = zlink_clients::breaker::Breaker::new(
+        "store",
+        cfg.store_breaker(),
+        Some(metrics.breakers.clone()),
+    );
+    store.with_breaker(
+        breaker,
+        cfg.store.cql_timeout(),
+        Duration::from_millis(cfg.store_read_budget_ms),
+    )
+}
+
 /// Chooses where link events go: through the outbox relay to Kafka when `--kafka` is set
 /// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
 pub fn event_sink(

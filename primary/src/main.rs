@@ -17,8 +17,8 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
-    let store = Arc::new(store);
     let metrics = Arc::new(Metrics::new());
+    let store = Arc::new(primary::guard_store(store, &cfg, &metrics));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut background = tokio::task::JoinSet::new();
     let events = primary::event_sink(

@@ -25,6 +25,8 @@ pub struct Metrics {
     pub publish_errors: IntCounter,
     /// Click spool and replay.
     pub clicks: zlink_clients::clicks::ClickMetrics,
+    /// Circuit breakers (store, memcached): state, transitions, calls refused, timeouts.
+    pub breakers: zlink_clients::breaker::BreakerMetrics,
 }
 
 impl Metrics {
@@ -92,8 +94,11 @@ impl Metrics {
         }
         let clicks =
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
+        let breakers =
+            zlink_clients::breaker::BreakerMetrics::register(&registry).expect("registered once");
         Self {
             clicks,
+            breakers,
             registry,
             requests,
             redirect_seconds,

@@ -120,6 +120,7 @@ pub fn manual_store_consumer(brokers: &str, group: &str, commit_interval_ms: u32
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000");
+    zlink_clients::kafka::reconnect_fast(&mut c);
     c
 }
 

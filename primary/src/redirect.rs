@@ -16,7 +16,14 @@ use zlink_wire::{slug, LinkStatus};
 
 pub async fn redirect<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     let started = Instant::now();
-    let resp = answer(state, req, slug).await;
+    // The redirect's own deadline, below the frontend's per-try timeout: a 503 from here reaches
+    // nginx in time for it to try the next rung, instead of nginx timing out on us.
+    let resp = match tokio::time::timeout(state.settings.redirect_timeout, answer(state, req, slug))
+        .await
+    {
+        Ok(resp) => resp,
+        Err(_) => ApiError::Timeout.into_response(),
+    };
     state
         .metrics
         .redirect_seconds
@@ -51,27 +58,34 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     h.insert(header::LOCATION, location);
     h.insert(header::CACHE_CONTROL, state.settings.cache_control.clone());
     h.insert("x-zlink-tier", HeaderValue::from_static("primary"));
-    let ev = click(state, req, slug, now);
-    let id = ev.id;
-    if state.events.clicked(ev) {
-        resp.headers_mut()
-            .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+    if clicks::is_click(req.method()) {
+        let ev = click(state, req, slug, now);
+        let id = ev.id;
+        if state.events.clicked(ev) {
+            resp.headers_mut()
+                .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+        }
     }
     resp
 }
 
+/// The click under the outermost hop's id and time (from a trusted proxy), so a request that
+/// nginx already failed over and this primary finishes late is the same click, counted once.
 fn click<B>(state: &AppState, req: &Request<B>, slug: &str, now_ms: i64) -> ClickEvent {
     let peer = req
         .extensions()
         .get::<Peer>()
         .map(|p| p.0.ip())
         .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+    let origin = state
+        .settings
+        .trusted_proxies
+        .origin(peer, req.headers(), now_ms);
     clicks::event(
         Tier::Primary,
         &state.settings.ip_hash_salt,
         slug,
-        now_ms,
-        peer,
+        &origin,
         req.headers(),
     )
 }

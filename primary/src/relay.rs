@@ -20,7 +20,6 @@ use crate::clock::Clock;
 use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
 use crate::store::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
-use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::sync::Arc;
@@ -62,19 +61,14 @@ impl Relay {
         clock: Arc<dyn Clock>,
         instance: &str,
     ) -> Result<Arc<Self>, KafkaError> {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &k.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set(
-                "message.timeout.ms",
-                k.message_timeout.as_millis().to_string(),
-            )
-            .set("linger.ms", "2")
-            // Small messages: Nagle would hold them back behind delayed ACKs.
-            .set("socket.nagle.disable", "true")
-            .set("client.id", format!("zlink-{instance}"))
-            .create()?;
+        let producer: FutureProducer =
+            zlink_clients::kafka::producer(&k.brokers, &format!("zlink-{instance}"))
+                .set(
+                    "message.timeout.ms",
+                    k.message_timeout.as_millis().to_string(),
+                )
+                .set("linger.ms", "2")
+                .create()?;
         Ok(Arc::new(Relay {
             producer,
             topic: k.links_topic.clone(),

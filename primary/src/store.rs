@@ -33,6 +33,17 @@ pub enum StoreError {
     /// Compare-and-set kept losing to other writers.
     #[error("store contention: {0}")]
     Contention(&'static str),
+    /// The store's circuit is open (it failed or hung recently): nothing was sent.
+    #[error("store skipped: circuit open after recent failures")]
+    CircuitOpen,
+}
+
+impl StoreError {
+    /// Whether this error says the store is unhealthy (what the circuit breaker counts).
+    /// Corrupt data and lost compare-and-sets are answers from a working store.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::CircuitOpen)
+    }
 }
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -173,6 +184,17 @@ pub fn expiry_bucket(ms: i64) -> i64 {
 pub struct Store {
     session: Session,
     st: Statements,
+    guard: Option<Guard>,
+}
+
+/// Deadlines and the circuit breaker of a serving process (primary): every statement within
+/// the CQL timeout, the redirect's link read within its own tighter budget, and nothing sent
+/// while the circuit is open. Background consumers (replicator, counter) run without one: they
+/// retry with backoff and have nobody waiting.
+struct Guard {
+    breaker: zlink_clients::breaker::Breaker,
+    statement_budget: Duration,
+    read_budget: Duration,
 }
 
 const LINK_COLUMNS: &str =
@@ -296,10 +318,36 @@ impl Store {
         stmt: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<QueryResult, StoreError> {
-        self.session
-            .execute_unpaged(stmt, values)
+        let budget = self.guard.as_ref().map(|g| g.statement_budget);
+        self.exec_within(stmt, values, budget).await
+    }
+
+    async fn exec_within(
+        &self,
+        stmt: &PreparedStatement,
+        values: impl SerializeRow,
+        budget: Option<Duration>,
+    ) -> Result<QueryResult, StoreError> {
+        let run = async {
+            self.session
+                .execute_unpaged(stmt, values)
+                .await
+                .map_err(unavailable)
+        };
+        let Some(g) = &self.guard else {
+            return run.await;
+        };
+        let budget = budget.unwrap_or(g.statement_budget);
+        g.breaker
+            .call(budget, StoreError::is_outage, run)
             .await
-            .map_err(unavailable)
+            .map_err(|e| match e {
+                zlink_clients::breaker::CallError::Open(_) => StoreError::CircuitOpen,
+                zlink_clients::breaker::CallError::Timeout(..) => {
+                    StoreError::Unavailable(format!("no answer within {budget:?}"))
+                }
+                zlink_clients::breaker::CallError::Failed(e) => e,
+            })
     }
 
     /// Connects to an existing keyspace (see [`migrate`]) and prepares every statement.
@@ -443,7 +491,28 @@ impl Store {
             )
             .await?,
         };
-        Ok(Store { session, st })
+        Ok(Store {
+            session,
+            st,
+            guard: None,
+        })
+    }
+
+    /// Puts `breaker` in front of every statement: each has `statement_budget` (the redirect's
+    /// link read: `read_budget`), a blown budget is a failure like a refused connection, and an
+    /// open circuit fails statements at once with [`StoreError::CircuitOpen`].
+    pub fn with_breaker(
+        mut self,
+        breaker: zlink_clients::breaker::Breaker,
+        statement_budget: Duration,
+        read_budget: Duration,
+    ) -> Self {
+        self.guard = Some(Guard {
+            breaker,
+            statement_budget,
+            read_budget,
+        });
+        self
     }
 
     /// The session, for statements other modules prepare (click aggregates).
@@ -460,21 +529,24 @@ impl Store {
         &self,
         stmt: &PreparedStatement,
         slug: &str,
+        budget: Option<Duration>,
     ) -> Result<Option<Link>, StoreError> {
-        let res = self.exec(stmt, (slug,)).await?;
+        let res = self.exec_within(stmt, (slug,), budget).await?;
         match first::<LinkRow>(res)? {
             Some(row) => Ok(Some(row.try_into()?)),
             None => Ok(None),
         }
     }
 
+    /// The redirect's read: within the read budget when the store is guarded.
     pub async fn get_link(&self, slug: &str) -> Result<Option<Link>, StoreError> {
-        self.read_link(&self.st.get_link, slug).await
+        let budget = self.guard.as_ref().map(|g| g.read_budget);
+        self.read_link(&self.st.get_link, slug, budget).await
     }
 
     /// A linearizable read: sees the outcome of every LWT that completed before it.
     pub async fn get_link_serial(&self, slug: &str) -> Result<Option<Link>, StoreError> {
-        self.read_link(&self.st.get_link_serial, slug).await
+        self.read_link(&self.st.get_link_serial, slug, None).await
     }
 
     /// Claims `link.slug`. Returns false if any link already has that slug.

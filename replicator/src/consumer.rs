@@ -4,7 +4,6 @@
 
 use crate::apply::{decode, Applier, ApplyError};
 use crate::metrics::Metrics;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -71,12 +70,8 @@ impl Pipeline {
                 .set("fetch.wait.max.ms", "50")
                 .create()?;
         consumer.subscribe(&[&cfg.links_topic])?;
-        let dlq: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &cfg.kafka)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("socket.nagle.disable", "true")
-            .create()?;
+        let dlq: FutureProducer =
+            zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
         Ok(Arc::new(Pipeline {
             consumer: Arc::new(consumer),
             dlq,

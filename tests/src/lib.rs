@@ -3,6 +3,10 @@
 //! One set of infrastructure per test run (addresses in `ZLINK_TEST_*`); isolation per test:
 //! every test gets its own keyspace (and so its own memcached key prefix). Services run
 //! in-process through the same `run` entry point the binaries use, on port 0.
+//!
+//! - [`faults`]: Toxiproxy of the test's own (slow, blackholed links) and frozen processes.
+
+pub mod faults;
 
 use primary::app::AppState;
 use primary::clock::{Clock, SystemClock};
@@ -117,18 +121,19 @@ pub async fn spawn_primary(
         .await
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
-    let mut argv = vec![
-        "primary".to_string(),
-        "serve".into(),
-        "--cql-nodes".into(),
-        infra.cql.clone(),
+    let mut argv = vec!["primary".to_string(), "serve".into()];
+    // A test may route the store through a fault proxy of its own.
+    if !extra.contains(&"--cql-nodes") {
+        argv.extend(["--cql-nodes".into(), infra.cql.clone()]);
+    }
+    argv.extend([
         "--keyspace".into(),
         keyspace.into(),
         "--slug-key".into(),
         format!("test-slug-key-{keyspace}"),
         "--public-base-url".into(),
         base.clone(),
-    ];
+    ]);
     // With Kafka, clicks are spooled: a fresh spool directory unless the test names one.
     let spool = (extra.contains(&"--kafka") && !extra.contains(&"--spool-dir"))
         .then(|| TempDir::new("primary-spool"));
@@ -143,9 +148,10 @@ pub async fn spawn_primary(
         _ => unreachable!(),
     };
     cfg.validate().expect("valid config");
-    let store = Arc::new(Store::connect(&cfg.store).await.expect("store reachable"));
-    let recording = Arc::new(RecordingSink::default());
     let metrics = Arc::new(Metrics::new());
+    let store = Store::connect(&cfg.store).await.expect("store reachable");
+    let store = Arc::new(primary::guard_store(store, &cfg, &metrics));
+    let recording = Arc::new(RecordingSink::default());
     let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
     let shutdown = CancellationToken::new();
     let mut background = tokio::task::JoinSet::new();
@@ -455,6 +461,32 @@ impl ServiceProcess {
     pub async fn lastresort(infra: &Infra, endpoint: &str, prefix: &str, extra: &[&str]) -> Self {
         let (argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
         Self::start("lastresort", &argv, spool).ready().await
+    }
+
+    /// `primary serve` over `keyspace` as its own process (so a test can freeze it), clicks
+    /// spooled from a fresh directory and replayed to `brokers`; not yet ready.
+    pub fn primary(infra: &Infra, keyspace: &str, brokers: &str, extra: &[&str]) -> Self {
+        let spool = TempDir::new("primary-proc-spool");
+        let mut argv: Vec<String> = [
+            "serve",
+            "--cql-nodes",
+            &infra.cql,
+            "--keyspace",
+            keyspace,
+            "--slug-key",
+            &format!("test-slug-key-{keyspace}"),
+            "--kafka",
+            brokers,
+            "--spool-dir",
+            &spool.path().display().to_string(),
+            "--ip-hash-salt",
+            "test-salt",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        Self::start("primary", &argv, Some(spool))
     }
 
     /// `primary count-clicks` over `keyspace`, consuming `topic` as consumer group `group`.
@@ -787,6 +819,14 @@ where
 }
 
 /// A memcached server of the test's own (so a test can stop it without touching others).
+/// A loopback port that was free a moment ago (for servers that cannot listen on port 0).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 pub struct OwnMemcached {
     pub addr: String,
     child: std::process::Child,
@@ -794,10 +834,7 @@ pub struct OwnMemcached {
 
 impl OwnMemcached {
     pub async fn start() -> OwnMemcached {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-            l.local_addr().expect("addr").port()
-        };
+        let port = free_port();
         let mut cmd = std::process::Command::new("memcached");
         cmd.args([
             "-l",
@@ -1007,10 +1044,7 @@ pub fn render_nginx(
 impl OwnNginx {
     pub async fn start(template: &str, values: &[(&str, String)]) -> OwnNginx {
         let dir = TempDir::new("nginx");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let conf = render_nginx(template, dir.path(), port, values);
         let child = std::process::Command::new(nginx_bin())
             .arg("-p")

@@ -244,6 +244,9 @@ async fn one_spool_replayed_twice_is_counted_once() {
         clicks_topic: topic.clone(),
         clicks_timeout_ms: 1000,
         ip_hash_salt: zlink_clients::Secret("salt".into()),
+        trusted_proxies: zlink_clients::clicks::DEFAULT_TRUSTED_PROXIES
+            .parse()
+            .unwrap(),
     };
     let metrics = || ClickMetrics::register(&prometheus::Registry::new()).unwrap();
 

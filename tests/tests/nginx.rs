@@ -9,13 +9,9 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::events::Tier;
 
+/// Timeouts come from nginx/*.budgets (the defaults `up` uses too); tests set only the rest.
 fn common() -> Vec<(&'static str, String)> {
-    vec![
-        ("WORKERS", "1".into()),
-        ("CONNECT_TIMEOUT", "100ms".into()),
-        ("READ_TIMEOUT", "2s".into()),
-        ("FAILOVER_BUDGET", "3s".into()),
-    ]
+    Vec::new()
 }
 
 fn servers(addrs: &[String], extra: &str) -> String {
@@ -134,7 +130,7 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     lr_values.extend([
         (
             "LASTRESORT_SERVERS",
-            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=2s"),
+            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
         ),
         ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
         ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
@@ -153,12 +149,12 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
             "PRIMARY_SERVERS",
             servers(
                 &[hostport(&p1.base), hostport(&p2.base)],
-                "max_fails=1 fail_timeout=2s",
+                "max_fails=1 fail_timeout=5s",
             ),
         ),
         (
-            "LASTRESORT_BACKUP_SERVERS",
-            servers(&[hostport(&lr_nginx.base)], "backup"),
+            "LASTRESORT_HOST_SERVERS",
+            servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
         ),
     ]);
     let fe = OwnNginx::start("frontend.conf", &fe_values).await;
