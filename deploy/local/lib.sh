@@ -38,6 +38,7 @@ LASTRESORT_COUNT=2
 
 # Components in start order; `down` stops them in reverse.
 zl_components() {
+  if zl_fault_proxies; then echo toxiproxy; fi
   echo cassandra kafka s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
@@ -68,6 +69,7 @@ zl_port() {
     bench-nginx) off=190 ;;
     nginx-frontend) off=180 ;;
     nginx-lastresort) off=181 ;;
+    toxiproxy) off=150 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
   echo $((ZLINK_PORT_BASE + off))
@@ -240,9 +242,9 @@ ZL_TIMEOUT_memcached=10
 # ---------------------------------------------------------------- primary
 zl_bin() { echo "$CARGO_TARGET_DIR/release/$1"; }
 zl_primary_env() {
-  export ZLINK_CQL_NODES="127.0.0.1:$(zl_port cql)"
+  export ZLINK_CQL_NODES="$(zl_addr cassandra)"
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
-  export ZLINK_MEMCACHED="127.0.0.1:$(zl_port memcached)"
+  export ZLINK_MEMCACHED="$(zl_addr memcached)"
   export ZLINK_KAFKA="127.0.0.1:$(zl_port kafka)"
 }
 # A random secret created on first use and kept in the run dir (mode 600). The slug key
@@ -274,7 +276,7 @@ ZL_TIMEOUT_primary=60
 
 # ---------------------------------------------------------------- replicator
 zl_s3_env() {
-  export ZLINK_S3_ENDPOINT="http://127.0.0.1:$(zl_port s3)"
+  export ZLINK_S3_ENDPOINT="http://$(zl_addr s3)"
   export ZLINK_S3_BUCKET="$S3_BUCKET"
   export ZLINK_S3_ACCESS_KEY="$S3_ACCESS_KEY"
   export ZLINK_S3_SECRET_KEY="$S3_SECRET_KEY"
@@ -315,7 +317,7 @@ zl_render_nginx() {
     nginx-frontend)
       mapfile -t overrides < <(zl_nginx_overrides FRONTEND)
       for ((i = 1; i <= PRIMARY_COUNT; i++)); do
-        servers+="        server 127.0.0.1:$(zl_port "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+        servers+="        server $(zl_addr "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
       backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
@@ -324,11 +326,11 @@ zl_render_nginx() {
     nginx-lastresort)
       mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
       for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
-        servers+="        server 127.0.0.1:$(zl_port "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+        servers+="        server $(zl_addr "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
         "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
-        "S3_HOSTPORT=127.0.0.1:$(zl_port s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
+        "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;
@@ -374,6 +376,101 @@ zl_start_lastresort() {
 }
 zl_ready_lastresort() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_lastresort=30
+
+# ---------------------------------------------------------------- fault proxies (Toxiproxy)
+# The hops a drill slows down or blackholes go through one local Toxiproxy (a real TCP fault
+# proxy): primaries → cassandra and memcached; replicator, lastresorts and the lastresort host
+# → s3; the frontend → primaries; the lastresort host → lastresort processes. Each proxy is
+# named after the component it fronts and listens on that component's port + 200; with no
+# fault injected it only forwards bytes. ZLINK_FAULT_PROXIES=0 connects everything directly
+# (benchmarks of the nginx tiers), and then only kill and hang faults are available.
+zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
+# Components with a fault proxy in front, and the port name each is reached on.
+zl_proxied_port() {
+  case "$1" in
+    cassandra) echo cql ;;
+    memcached | s3 | primary-* | lastresort-*) echo "$1" ;;
+    *) return 1 ;;
+  esac
+}
+# host:port to connect to NAME: its fault proxy when there is one, else NAME itself.
+zl_addr() {
+  local port
+  if zl_fault_proxies && port="$(zl_proxied_port "$1")"; then
+    echo "127.0.0.1:$(($(zl_port "$port") + 200))"
+  else
+    port="$(zl_proxied_port "$1" || echo "$1")"
+    echo "127.0.0.1:$(zl_port "$port")"
+  fi
+}
+zl_start_toxiproxy() {
+  local conf="$ZLINK_RUN/toxiproxy.json" sep="" c i
+  local fronted=(cassandra memcached s3)
+  for ((i = 1; i <= PRIMARY_COUNT; i++)); do fronted+=("primary-$i"); done
+  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
+  {
+    echo "["
+    for c in "${fronted[@]}"; do
+      printf '%s  {"name": "%s", "listen": "%s", "upstream": "127.0.0.1:%s", "enabled": true}\n' \
+        "$sep" "$c" "$(zl_addr "$c")" "$(zl_port "$(zl_proxied_port "$c")")"
+      sep=","
+    done
+    echo "]"
+  } >"$conf"
+  zl_spawn toxiproxy "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port toxiproxy)" -config "$conf"
+}
+zl_ready_toxiproxy() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port toxiproxy)/proxies")" == 200 ]]; }
+ZL_TIMEOUT_toxiproxy=10
+# The Toxiproxy API: zl_toxi METHOD PATH [JSON].
+zl_toxi() {
+  local args=(-sS -f -m 5 -o /dev/null -X "$1" "http://127.0.0.1:$(zl_port toxiproxy)$2")
+  [[ $# -ge 3 ]] && args+=(-H 'Content-Type: application/json' -d "$3")
+  curl "${args[@]}"
+}
+
+# ---------------------------------------------------------------- faults
+# zl_fault fault|heal KIND NAME — what `ctl fault|heal` and the drill do to one component:
+#   kill       SIGKILL the process group (a crash) | start it and wait until ready
+#   hang       SIGSTOP the process group: its sockets still accept, nothing answers | SIGCONT
+#   slow       every byte from NAME waits ZLINK_FAULT_SLOW_MS (1000) and flows at
+#              ZLINK_FAULT_SLOW_KBPS (64 KB/s) | normal (needs a fault proxy in front of NAME)
+#   blackhole  connections to NAME are accepted and every byte both ways is swallowed | normal
+zl_fault() {
+  local action="$1" kind="$2" name="$3" pid
+  case "$action:$kind" in
+    fault:kill) zl_kill "$name" ;;
+    heal:kill) zl_start "$name" && zl_wait_ready "$name" ;;
+    fault:hang)
+      pid="$(zl_pid "$name")" || zl_die "$name is not running"
+      kill -STOP -- "-$pid" 2>/dev/null || kill -STOP "$pid"
+      ;;
+    heal:hang)
+      pid="$(zl_pid "$name")" || zl_die "$name is not running"
+      kill -CONT -- "-$pid" 2>/dev/null || kill -CONT "$pid"
+      zl_wait_ready "$name"
+      ;;
+    fault:slow | fault:blackhole | heal:slow | heal:blackhole)
+      zl_fault_proxies && zl_proxied_port "$name" >/dev/null ||
+        zl_die "$kind needs a fault proxy in front of $name (proxied: cassandra memcached s3 primary-N lastresort-N; ZLINK_FAULT_PROXIES=1)"
+      local t
+      for t in "$kind-down" "$kind-up"; do zl_toxi DELETE "/proxies/$name/toxics/$t" 2>/dev/null || true; done
+      [[ "$action" == heal ]] && return 0
+      if [[ "$kind" == slow ]]; then
+        zl_toxi POST "/proxies/$name/toxics" \
+          "{\"name\":\"slow-down\",\"type\":\"latency\",\"stream\":\"downstream\",\"attributes\":{\"latency\":${ZLINK_FAULT_SLOW_MS:-1000},\"jitter\":0}}"
+        zl_toxi POST "/proxies/$name/toxics" \
+          "{\"name\":\"slow-up\",\"type\":\"bandwidth\",\"stream\":\"downstream\",\"attributes\":{\"rate\":${ZLINK_FAULT_SLOW_KBPS:-64}}}"
+      else
+        local stream
+        for stream in down up; do
+          zl_toxi POST "/proxies/$name/toxics" \
+            "{\"name\":\"blackhole-$stream\",\"type\":\"timeout\",\"stream\":\"${stream}stream\",\"attributes\":{\"timeout\":0}}"
+        done
+      fi
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole)" ;;
+  esac
+}
 
 # ---------------------------------------------------------------- generic control
 zl_kind() { case "$1" in primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;; nginx-*) echo nginx ;; *) echo "$1" ;; esac; }

@@ -1,20 +1,30 @@
-//! The failover drill. Against a running topology: creates a set of links, then keeps a steady,
-//! bounded redirect load on the frontend while it walks the degradation ladder —
-//! baseline → primaries killed → lastresort processes killed (rung 3) → lastresort back →
-//! primaries back — and checks every answer (the right redirect, or on rung 3 the right
-//! meta-refresh page). Afterwards it checks the mappings (a reconcile command) and the clicks:
-//! every click the drill made must be counted exactly once, per tier, in the stats API.
-//! Prints a table, writes a JSON report, exits non-zero on any wrong answer, lost or extra
-//! click, or drift.
+//! The failover drill. Against a running topology: creates links, then keeps a steady, bounded
+//! redirect load on the frontend while it breaks tiers and restores them, phase by phase, and
+//! checks every answer (the right redirect, or on rung 3 the right meta-refresh page).
 //!
-//! How a tier is broken and restored is a command template (`{component}` is replaced), so the
-//! same drill runs against local processes (`deploy/local/ctl kill|start`) or a real
-//! deployment's hooks.
+//! Faults (`--fault KIND:TIER`, `--ladder`-style `ladder:KIND`, `--fast`, `--matrix`): `kill`,
+//! `hang` (frozen: accepts, never answers), `slow` and `blackhole` (through a fault proxy), and
+//! `flap` (hung and thawed every few seconds), on any tier: primaries, lastresorts, store,
+//! memcached, kafka, replicator, s3. How a component is broken and restored is a command
+//! template (`{kind}` and `{component}` are replaced), so the same drill runs against local
+//! processes (`deploy/local/ctl fault|heal`) or a real deployment's hooks.
+//!
+//! Each phase uses its own links, so its clicks can be checked exactly: every answer's click
+//! must be counted once in the stats API. Per phase: wrong and failed answers, p50/p99/max,
+//! p99 added over the baseline once the phase has settled, clicks sent vs counted, and the
+//! verdict against the targets. Prints a table, writes a JSON report and an HTML page with a
+//! per-second timeline, checks the mappings (a reconcile command), and exits non-zero when any
+//! phase misses a target.
+
+mod plan;
+mod report;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use plan::{Action, Kind, Scenario, FLAP_WITH};
+use report::{Outcome, Sample, Targets, Write};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,53 +51,78 @@ struct Args {
         default_value = "lastresort-1,lastresort-2"
     )]
     lastresorts: Vec<String>,
-    /// Breaks one component; `{component}` is replaced by its name.
-    #[arg(long, default_value = "deploy/local/ctl kill {component}")]
+    /// Components of another tier: `TIER=comp,comp` (defaults: store=cassandra,
+    /// memcached=memcached, kafka=kafka, replicator=replicator, s3=s3).
+    #[arg(long = "tier")]
+    tiers: Vec<String>,
+    /// Tiers with a fault proxy in front (where slow and blackhole can be injected).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "primaries,lastresorts,store,memcached,s3"
+    )]
+    proxied: Vec<String>,
+    /// A scenario: `KIND:TIER` (kill|hang|slow|blackhole|flap : a tier) or `ladder:KIND`
+    /// (primaries, then lastresorts too, then back). Repeatable; default `ladder:kill`.
+    #[arg(long = "fault")]
+    faults: Vec<String>,
+    /// The CI set: both ladders (kill, hang) and a kill and a hang of every other tier.
+    #[arg(long)]
+    fast: bool,
+    /// Every kind on every tier (slow/blackhole where proxied) and both ladders.
+    #[arg(long)]
+    matrix: bool,
+    /// Breaks one component; `{kind}` and `{component}` are replaced.
+    #[arg(long, default_value = "deploy/local/ctl fault {kind} {component}")]
     break_cmd: String,
     /// Restores one component and returns once it is ready.
-    #[arg(long, default_value = "deploy/local/ctl start {component}")]
+    #[arg(long, default_value = "deploy/local/ctl heal {kind} {component}")]
     restore_cmd: String,
     /// Checks the mappings after the drill; exit status 0 = no drift.
     #[arg(long, default_value = "deploy/local/ctl reconcile --dry-run")]
     reconcile_cmd: String,
-    /// Links the drill creates and requests.
-    #[arg(long, default_value_t = 20)]
+    /// Links per phase (each phase requests only its own, so its clicks can be counted).
+    #[arg(long, default_value_t = 4)]
     links: usize,
     /// Redirects per second through the frontend.
     #[arg(long, default_value_t = 100)]
     rate: u32,
-    /// Seconds of load per phase.
+    /// Seconds of load per phase (after its actions).
     #[arg(long, default_value_t = 10)]
     phase_seconds: u64,
+    /// A flapping component is down this long, then up this long, and so on.
+    #[arg(long, default_value_t = 2)]
+    flap_seconds: u64,
+    /// Target: p99 added over the baseline once a single-tier fault has settled, ms.
+    #[arg(long, default_value_t = 300.0)]
+    max_added_p99_ms: f64,
+    /// Target: no redirect slower than this under a single-tier fault, ms.
+    #[arg(long, default_value_t = 1000.0)]
+    max_ms: f64,
+    /// The first part of a phase (the first timeout window) is left out of its settled p99.
+    #[arg(long, default_value_t = 1000)]
+    settle_ms: u64,
+    /// The last-resort host (its nginx): the drill's writer checks each new link is served there.
+    #[arg(long, env = "ZLINK_LASTRESORT_NGINX")]
+    lastresort_host: Option<String>,
+    /// The writer creates a link this often (0: no writer) and times create → every rung.
+    #[arg(long, default_value_t = 1000)]
+    create_every_ms: u64,
+    /// Target: a link created while the write path is whole reaches every rung within ε, ms.
+    #[arg(long, default_value_t = 5000.0)]
+    eps_ms: f64,
     /// How long to wait for every click to be counted after the last phase, seconds.
     #[arg(long, default_value_t = 180)]
     clicks_within_s: u64,
-    /// Where the JSON report goes.
+    /// Where the JSON report goes; the HTML page goes next to it (`.html`).
     #[arg(long, default_value = "drill-report.json")]
     report: String,
 }
 
-const PHASES: [&str; 5] = [
-    "baseline",
-    "primaries-down",
-    "lastresort-down",
-    "lastresort-back",
-    "primaries-back",
-];
-
-#[derive(Clone, Debug)]
-struct Sample {
-    phase: usize,
-    rung: Option<u8>,
-    ok: bool,
-    status: u16,
-    micros: u64,
-    slug: usize,
-    click: Option<uuid::Uuid>,
-}
-
-fn run_hook(template: &str, component: &str) -> anyhow::Result<()> {
-    let cmd = template.replace("{component}", component);
+fn run_hook(template: &str, kind: Kind, component: &str) -> anyhow::Result<()> {
+    let cmd = template
+        .replace("{kind}", kind.name())
+        .replace("{component}", component);
     let status = std::process::Command::new("bash")
         .arg("-c")
         .arg(&cmd)
@@ -100,16 +135,21 @@ fn run_hook(template: &str, component: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn hook(template: String, kind: Kind, component: String) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || run_hook(&template, kind, &component)).await?
+}
+
 /// Checks one answer: the right redirect (rungs 1, 2) or the right meta-refresh page (rung 3).
 async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> Sample {
     let started = Instant::now();
     let mut s = Sample {
         phase: 0,
         rung: None,
-        ok: false,
+        outcome: Outcome::Failed,
         status: 0,
+        start_ms: 0,
         micros: 0,
-        slug: 0,
+        link: 0,
         click: None,
     };
     let Ok(r) = client.get(format!("{base}/{slug}")).send().await else {
@@ -131,7 +171,7 @@ async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> S
     };
     s.click = header("x-zlink-click-id").and_then(|id| uuid::Uuid::parse_str(&id).ok());
     let location = header("location");
-    s.ok = match (s.status, s.rung) {
+    let right = match (s.status, s.rung) {
         (301 | 302 | 307 | 308, Some(1 | 2)) => location.as_deref() == Some(url),
         (200, Some(3)) => r.text().await.is_ok_and(|body| {
             body.contains("http-equiv=\"refresh\"")
@@ -139,26 +179,207 @@ async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> S
         }),
         _ => false,
     };
+    s.outcome = if right {
+        Outcome::Right
+    } else if s.status >= 500 {
+        Outcome::Failed
+    } else {
+        Outcome::Wrong
+    };
     s.micros = started.elapsed().as_micros() as u64;
     s
 }
 
-fn pct(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// The tier → components map: defaults, the primaries/lastresorts flags, then `--tier`.
+fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let mut m: BTreeMap<String, Vec<String>> = [
+        ("store", "cassandra"),
+        ("memcached", "memcached"),
+        ("kafka", "kafka"),
+        ("replicator", "replicator"),
+        ("s3", "s3"),
+    ]
+    .iter()
+    .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
+    .collect();
+    m.insert("primaries".into(), a.primaries.clone());
+    m.insert("lastresorts".into(), a.lastresorts.clone());
+    for t in &a.tiers {
+        let (name, comps) = t
+            .split_once('=')
+            .with_context(|| format!("--tier {t:?}: expected TIER=comp,comp"))?;
+        let comps: Vec<String> = comps
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect();
+        anyhow::ensure!(!comps.is_empty(), "--tier {t:?}: no components");
+        m.insert(name.to_string(), comps);
     }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0
+    Ok(m)
+}
+
+/// Toggles `comps` between broken (`FLAP_WITH`) and restored every `every` until `stop`;
+/// always ends restored. Returns the first hook error.
+async fn flap(
+    break_cmd: String,
+    restore_cmd: String,
+    comps: Vec<String>,
+    every: Duration,
+    stop: Arc<tokio::sync::Notify>,
+) -> Option<String> {
+    let mut err = None;
+    loop {
+        for c in &comps {
+            if let Err(e) = hook(break_cmd.clone(), FLAP_WITH, c.clone()).await {
+                err.get_or_insert(format!("{e:#}"));
+            }
+        }
+        let stopped = tokio::select! {
+            _ = stop.notified() => true,
+            _ = tokio::time::sleep(every) => false,
+        };
+        for c in &comps {
+            if let Err(e) = hook(restore_cmd.clone(), FLAP_WITH, c.clone()).await {
+                err.get_or_insert(format!("{e:#}"));
+            }
+        }
+        if stopped {
+            return err;
+        }
+        tokio::select! {
+            _ = stop.notified() => return err,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Until every rung serves `slug` right (S3 has the page, the last-resort host answers it), at
+/// most 60 s: the time taken, or None.
+async fn until_on_every_rung(
+    client: &reqwest::Client,
+    blob: &str,
+    lastresort_host: Option<&str>,
+    slug: &str,
+    url: &str,
+) -> Option<f64> {
+    let started = Instant::now();
+    let mut in_s3 = false;
+    while started.elapsed() < Duration::from_secs(60) {
+        if !in_s3 {
+            in_s3 = client
+                .get(blob)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().as_u16() == 200);
+        }
+        if in_s3 {
+            let served = match lastresort_host {
+                Some(h) => probe(client, h, slug, url).await.outcome == Outcome::Right,
+                None => true,
+            };
+            if served {
+                return Some(started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Creates a link every `every` (not while a phase's actions run) and times each until every
+/// rung serves it, until `stop`.
+#[allow(clippy::too_many_arguments)]
+async fn writer(
+    client: reqwest::Client,
+    base: String,
+    admin_key: String,
+    blob_prefix: String,
+    lastresort_host: Option<String>,
+    run: String,
+    every: Duration,
+    phase: Arc<AtomicUsize>,
+    acting: Arc<AtomicBool>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Vec<Write> {
+    let mut watchers = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Bounded: at most a day of creates.
+    for n in 0..(86_400_000 / every.as_millis().max(1) as u64) {
+        tokio::select! {
+            _ = stop.notified() => break,
+            _ = tick.tick() => {}
+        }
+        if acting.load(Ordering::Relaxed) {
+            continue;
+        }
+        let p = phase.load(Ordering::Relaxed);
+        let slug = format!("drill-{}-w{n}", &run[..10]);
+        let url = format!("https://example.com/drill/{run}/w/{n}");
+        let status = client
+            .post(format!("{base}/api/v1/links"))
+            .bearer_auth(&admin_key)
+            .json(&serde_json::json!({"url": url, "slug": slug}))
+            .send()
+            .await
+            .map_or(0, |r| r.status().as_u16());
+        let (client, blob, host) = (
+            client.clone(),
+            format!("{blob_prefix}{slug}"),
+            lastresort_host.clone(),
+        );
+        watchers.spawn(async move {
+            let to_rungs_ms = if status == 201 {
+                until_on_every_rung(&client, &blob, host.as_deref(), &slug, &url).await
+            } else {
+                None
+            };
+            Write {
+                phase: p,
+                status,
+                to_rungs_ms,
+            }
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(w) = watchers.join_next().await {
+        out.extend(w.ok());
+    }
+    out
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    anyhow::ensure!((1..=1000).contains(&a.links), "--links 1..=1000");
+    anyhow::ensure!((1..=100).contains(&a.links), "--links 1..=100");
     anyhow::ensure!((1..=5000).contains(&a.rate), "--rate 1..=5000");
     anyhow::ensure!(
         (1..=600).contains(&a.phase_seconds),
         "--phase-seconds 1..=600"
     );
+    anyhow::ensure!((1..=60).contains(&a.flap_seconds), "--flap-seconds 1..=60");
+    let mut scenarios = Vec::new();
+    if a.matrix {
+        scenarios.extend(plan::matrix(&a.proxied));
+    }
+    if a.fast {
+        scenarios.extend(plan::fast());
+    }
+    for f in &a.faults {
+        scenarios.push(Scenario::parse(f)?);
+    }
+    if scenarios.is_empty() {
+        scenarios.push(Scenario::Ladder(Kind::Kill));
+    }
+    let phases = plan::phases(&scenarios, &tier_map(&a)?, &a.proxied)?;
+    anyhow::ensure!(phases.len() <= 200, "at most 200 phases");
+    let targets = Targets {
+        added_p99_ms: a.max_added_p99_ms,
+        max_ms: a.max_ms,
+        settle_ms: a.settle_ms,
+        eps_ms: a.eps_ms,
+    };
     let base = a.frontend.trim_end_matches('/').to_string();
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -166,30 +387,33 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(64)
         .build()?;
 
-    // The drill's own links, so their stats are exactly the drill's clicks.
+    // Each phase's own links, so their stats are exactly that phase's clicks.
     let run = uuid::Uuid::new_v4().simple().to_string();
     let mut links = Vec::new();
-    for i in 0..a.links {
-        let slug = format!("drill-{}-{i}", &run[..10]);
-        let url = format!("https://example.com/drill/{run}/{i}?q=a&r=b");
-        let r = client
-            .post(format!("{base}/api/v1/links"))
-            .bearer_auth(&a.admin_key)
-            .json(&serde_json::json!({"url": url, "slug": slug}))
-            .send()
-            .await
-            .context("creating a drill link")?;
-        anyhow::ensure!(
-            r.status().as_u16() == 201,
-            "creating {slug}: {}",
-            r.status()
-        );
-        links.push((slug, url));
+    for p in 0..phases.len() {
+        for i in 0..a.links {
+            let slug = format!("drill-{}-{p}-{i}", &run[..10]);
+            let url = format!("https://example.com/drill/{run}/{p}/{i}?q=a&r=b");
+            let r = client
+                .post(format!("{base}/api/v1/links"))
+                .bearer_auth(&a.admin_key)
+                .json(&serde_json::json!({"url": url, "slug": slug}))
+                .send()
+                .await
+                .context("creating a drill link")?;
+            anyhow::ensure!(
+                r.status().as_u16() == 201,
+                "creating {slug}: {}",
+                r.status()
+            );
+            links.push((slug, url));
+        }
     }
     // Wait until S3 has them: rung 3 must be able to serve every one. (Read straight from the
     // bucket, so the check itself makes no click.)
     eprintln!(
-        "drill: {} links created; waiting until S3 has them",
+        "drill: {} phases, {} links created; waiting until S3 has them",
+        phases.len(),
         links.len()
     );
     let s3_ready = Instant::now();
@@ -215,6 +439,8 @@ async fn main() -> anyhow::Result<()> {
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let links = Arc::new(links);
     let stop = Arc::new(tokio::sync::Notify::new());
+    let t0 = Instant::now();
+    let per_phase = a.links;
     let load = {
         let (phase, samples, links, client, base, stop) = (
             phase.clone(),
@@ -224,7 +450,8 @@ async fn main() -> anyhow::Result<()> {
             base.clone(),
             stop.clone(),
         );
-        let max = u64::from(a.rate) * a.phase_seconds * (PHASES.len() as u64 + 2);
+        // Bounded: at most the planned seconds plus an hour of actions at the given rate.
+        let max = u64::from(a.rate) * (a.phase_seconds * phases.len() as u64 + 3600);
         let every = Duration::from_secs_f64(1.0 / f64::from(a.rate));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -235,18 +462,20 @@ async fn main() -> anyhow::Result<()> {
                     _ = stop.notified() => break,
                     _ = tick.tick() => {}
                 }
-                let k = (i as usize) % links.len();
+                let p = phase.load(Ordering::Relaxed);
+                let k = p * per_phase + (i as usize) % per_phase;
                 let (links, client, base, samples) =
                     (links.clone(), client.clone(), base.clone(), samples.clone());
-                let p = phase.load(Ordering::Relaxed);
                 inflight.spawn(async move {
+                    let start_ms = t0.elapsed().as_millis() as u64;
                     let (slug, url) = &links[k];
                     let mut s = probe(&client, &base, slug, url).await;
                     s.phase = p;
-                    s.slug = k;
+                    s.link = k;
+                    s.start_ms = start_ms;
                     samples.lock().unwrap().push(s);
                 });
-                while inflight.len() > 256 {
+                while inflight.len() > 512 {
                     inflight.join_next().await;
                 }
             }
@@ -254,112 +483,84 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
-    let mut actions = Vec::new();
-    for (i, name) in PHASES.iter().enumerate() {
-        // Requests made while the action runs belong to the new phase: the transition is
+    let acting = Arc::new(AtomicBool::new(false));
+    let write_stop = Arc::new(tokio::sync::Notify::new());
+    let writes = (a.create_every_ms > 0).then(|| {
+        tokio::spawn(writer(
+            client.clone(),
+            base.clone(),
+            a.admin_key.clone(),
+            a.blob_url_prefix.clone(),
+            a.lastresort_host
+                .as_ref()
+                .map(|h| h.trim_end_matches('/').to_string()),
+            run.clone(),
+            Duration::from_millis(a.create_every_ms),
+            phase.clone(),
+            acting.clone(),
+            write_stop.clone(),
+        ))
+    });
+
+    let mut bounds = Vec::new();
+    let mut action_results = Vec::new();
+    for (i, p) in phases.iter().enumerate() {
+        // Requests made while the actions run belong to the new phase: the transition is
         // what the drill is about.
         phase.store(i, Ordering::Relaxed);
+        let start_ms = t0.elapsed().as_millis() as u64;
         let act_started = Instant::now();
-        let result = match i {
-            1 => a
-                .primaries
-                .iter()
-                .try_for_each(|c| run_hook(&a.break_cmd, c)),
-            2 => a
-                .lastresorts
-                .iter()
-                .try_for_each(|c| run_hook(&a.break_cmd, c)),
-            3 => a
-                .lastresorts
-                .iter()
-                .try_for_each(|c| run_hook(&a.restore_cmd, c)),
-            4 => a
-                .primaries
-                .iter()
-                .try_for_each(|c| run_hook(&a.restore_cmd, c)),
-            _ => Ok(()),
-        };
-        eprintln!(
-            "drill: phase {name} (action took {:.1} s)",
-            act_started.elapsed().as_secs_f64()
-        );
-        if let Err(e) = &result {
-            eprintln!("drill: action for {name} failed: {e:#}");
-        }
-        actions.push(result.map_err(|e| format!("{e:#}")));
-        tokio::time::sleep(Duration::from_secs(a.phase_seconds)).await;
-    }
-    stop.notify_one();
-    load.await?;
-    let samples = samples.lock().unwrap().clone();
-
-    // Per phase and per rung.
-    let mut table = Vec::new();
-    let mut wrong_total = 0;
-    let mut by_rung: BTreeMap<u8, Vec<u64>> = BTreeMap::new();
-    println!(
-        "{:<16} {:>8} {:>6} {:>8} {:>8} {:>8}  rungs (requests)",
-        "phase", "requests", "wrong", "p50 ms", "p99 ms", "max ms"
-    );
-    for (i, name) in PHASES.iter().enumerate() {
-        let ph: Vec<&Sample> = samples.iter().filter(|s| s.phase == i).collect();
-        let mut lat: Vec<u64> = ph.iter().map(|s| s.micros).collect();
-        lat.sort_unstable();
-        let wrong = ph.iter().filter(|s| !s.ok).count();
-        wrong_total += wrong;
-        let mut rungs: BTreeMap<String, usize> = BTreeMap::new();
-        for s in &ph {
-            let r = s.rung.map_or("none".to_string(), |r| r.to_string());
-            *rungs.entry(r).or_default() += 1;
-            if let (true, Some(r)) = (s.ok, s.rung) {
-                by_rung.entry(r).or_default().push(s.micros);
+        acting.store(true, Ordering::Relaxed);
+        let mut err = None;
+        for act in &p.actions {
+            let (tpl, kind, comp) = match act {
+                Action::Break(k, c) => (&a.break_cmd, *k, c),
+                Action::Restore(k, c) => (&a.restore_cmd, *k, c),
+            };
+            if let Err(e) = hook(tpl.clone(), kind, comp.clone()).await {
+                eprintln!("drill: {}: {e:#}", p.name);
+                err.get_or_insert(format!("{e:#}"));
             }
         }
-        let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
-        for s in ph.iter().filter(|s| !s.ok) {
-            *statuses.entry(s.status).or_default() += 1;
+        acting.store(false, Ordering::Relaxed);
+        let action_s = act_started.elapsed().as_secs_f64();
+        eprintln!(
+            "drill: phase {}/{} {} (actions took {action_s:.1} s)",
+            i + 1,
+            phases.len(),
+            p.name
+        );
+        if p.flap.is_empty() {
+            tokio::time::sleep(Duration::from_secs(a.phase_seconds)).await;
+        } else {
+            let stop_flap = Arc::new(tokio::sync::Notify::new());
+            let f = tokio::spawn(flap(
+                a.break_cmd.clone(),
+                a.restore_cmd.clone(),
+                p.flap.clone(),
+                Duration::from_secs(a.flap_seconds),
+                stop_flap.clone(),
+            ));
+            tokio::time::sleep(Duration::from_secs(a.phase_seconds)).await;
+            stop_flap.notify_one();
+            if let Some(e) = f.await? {
+                err.get_or_insert(e);
+            }
         }
-        println!(
-            "{:<16} {:>8} {:>6} {:>8.2} {:>8.2} {:>8.2}  {}",
-            name,
-            ph.len(),
-            wrong,
-            pct(&lat, 0.5),
-            pct(&lat, 0.99),
-            pct(&lat, 1.0),
-            rungs
-                .iter()
-                .map(|(r, n)| format!("{r}:{n}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        table.push(serde_json::json!({
-            "phase": name, "requests": ph.len(), "wrong": wrong,
-            "wrong_statuses": statuses, "rungs": rungs,
-            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99), "max_ms": pct(&lat, 1.0),
-            "action": actions[i].as_ref().err(),
-        }));
+        bounds.push((start_ms, t0.elapsed().as_millis() as u64));
+        action_results.push((err, action_s));
     }
-    let mut rung_json = BTreeMap::new();
-    let base_p99 = by_rung.get_mut(&1).map(|v| {
-        v.sort_unstable();
-        pct(v, 0.99)
-    });
-    for (r, v) in by_rung.iter_mut() {
-        v.sort_unstable();
-        let p99 = pct(v, 0.99);
-        let added = base_p99.map(|b| p99 - b);
-        println!(
-            "rung {r}: {} answers, p50 {:.2} ms, p99 {:.2} ms{}",
-            v.len(),
-            pct(v, 0.5),
-            p99,
-            added.map_or(String::new(), |d| format!(" ({d:+.2} ms p99 vs rung 1)"))
-        );
-        rung_json.insert(
-            r.to_string(),
-            serde_json::json!({"answers": v.len(), "p50_ms": pct(v, 0.5), "p99_ms": p99, "p99_added_ms": added}),
-        );
+    stop.notify_one();
+    write_stop.notify_one();
+    load.await?;
+    let samples = samples.lock().unwrap().clone();
+    let mut results = report::phase_results(&phases, &samples, &bounds, &targets);
+    for (r, (err, s)) in results.iter_mut().zip(action_results) {
+        r.action_error = err;
+        r.action_s = s;
+    }
+    if let Some(w) = writes {
+        report::add_writes(&mut results, &w.await?);
     }
 
     // Mappings.
@@ -371,32 +572,23 @@ async fn main() -> anyhow::Result<()> {
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    println!(
-        "mappings: {} ({})",
-        if reconcile_ok { "no drift" } else { "DRIFT" },
-        a.reconcile_cmd
-    );
 
-    // Clicks: every correct answer carried a click id; each must be counted once, per tier.
-    let mut want: HashMap<usize, BTreeMap<&'static str, i64>> = HashMap::new();
+    // Clicks: every right answer carried a click id, and each is counted once (whichever tier
+    // the counter credits when a late copy arrives from another one: totals per phase).
+    let mut sent = vec![0i64; phases.len()];
     let mut without_id = 0;
-    for s in samples.iter().filter(|s| s.ok) {
+    for s in samples.iter().filter(|s| s.outcome == Outcome::Right) {
         if s.click.is_none() {
             without_id += 1;
-            continue;
+        } else {
+            sent[s.phase] += 1;
         }
-        let tier = match s.rung {
-            Some(1) => "primary",
-            Some(2) => "lastresort",
-            _ => "lastresort-nginx",
-        };
-        *want.entry(s.slug).or_default().entry(tier).or_default() += 1;
     }
     let deadline = Instant::now() + Duration::from_secs(a.clicks_within_s);
-    let (mut lost, mut extra);
     let started = Instant::now();
+    let mut counted = vec![0i64; phases.len()];
     loop {
-        (lost, extra) = (0i64, 0i64);
+        counted.iter_mut().for_each(|c| *c = 0);
         for (k, (slug, _)) in links.iter().enumerate() {
             let got: serde_json::Value = client
                 .get(format!("{base}/api/v1/links/{slug}/stats"))
@@ -405,44 +597,69 @@ async fn main() -> anyhow::Result<()> {
                 .await?
                 .json()
                 .await?;
-            for tier in ["primary", "lastresort", "lastresort-nginx"] {
-                let w = want.get(&k).and_then(|m| m.get(tier)).copied().unwrap_or(0);
-                let g = got["by_tier"][tier].as_i64().unwrap_or(0);
-                lost += (w - g).max(0);
-                extra += (g - w).max(0);
-            }
+            counted[k / per_phase] += got["total"].as_i64().unwrap_or(0);
         }
-        if (lost == 0 && extra == 0) || Instant::now() >= deadline {
+        if counted == sent || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let made: i64 = want.values().flat_map(|m| m.values()).sum();
+    for (i, r) in results.iter_mut().enumerate() {
+        r.clicks_sent = sent[i];
+        r.clicks_counted = counted[i];
+    }
+    report::judge(&phases, &mut results, &targets);
+    report::print_table(&phases, &results);
     println!(
-        "clicks: {made} made, {lost} not counted, {extra} counted too often, {without_id} answers without a click id (checked for {:.0} s)",
+        "mappings: {} ({})",
+        if reconcile_ok { "no drift" } else { "DRIFT" },
+        a.reconcile_cmd
+    );
+    println!(
+        "clicks: {} sent, {} counted, {without_id} right answers without a click id (checked for {:.0} s)",
+        sent.iter().sum::<i64>(),
+        counted.iter().sum::<i64>(),
         started.elapsed().as_secs_f64()
     );
 
-    let failed = wrong_total > 0
-        || lost > 0
-        || extra > 0
-        || without_id > 0
-        || !reconcile_ok
-        || actions.iter().any(Result::is_err);
+    let missed = results.iter().filter(|r| !r.misses.is_empty()).count();
+    let failed = missed > 0 || without_id > 0 || !reconcile_ok;
+    let tl = report::timeline(&samples);
     let report = serde_json::json!({
         "at": chrono::Utc::now().to_rfc3339(),
-        "frontend": base, "links": links.len(), "rate": a.rate, "phase_seconds": a.phase_seconds,
-        "phases": table, "rungs": rung_json,
+        "frontend": base, "links_per_phase": per_phase, "rate": a.rate,
+        "phase_seconds": a.phase_seconds,
+        "targets": {"added_p99_ms": targets.added_p99_ms, "max_ms": targets.max_ms,
+                    "settle_ms": targets.settle_ms, "eps_ms": targets.eps_ms},
+        "phases": phases.iter().zip(&results).map(|(p, r)| report::phase_json(p, r)).collect::<Vec<_>>(),
+        "timeline": tl.iter().map(|b| serde_json::json!({
+            "right": b[0], "wrong": b[1], "failed": b[2], "p50_ms": b[3], "p99_ms": b[4]})).collect::<Vec<_>>(),
         "mappings_ok": reconcile_ok,
-        "clicks": {"made": made, "lost": lost, "extra": extra, "without_id": without_id},
+        "clicks_without_id": without_id,
         "passed": !failed,
     });
     std::fs::write(&a.report, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", a.report))?;
-    println!(
-        "report: {}  →  {}",
-        a.report,
+    let html_path = std::path::Path::new(&a.report).with_extension("html");
+    let title = format!(
+        "zlink drill {} — {}",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         if failed { "FAILED" } else { "PASSED" }
+    );
+    std::fs::write(&html_path, report::html(&title, &phases, &results, &tl))
+        .with_context(|| format!("writing {}", html_path.display()))?;
+    println!(
+        "report: {} and {}  →  {}",
+        a.report,
+        html_path.display(),
+        if failed {
+            format!(
+                "FAILED ({missed} of {} phases missed a target)",
+                phases.len()
+            )
+        } else {
+            "PASSED".to_string()
+        }
     );
     if failed {
         std::process::exit(1);

@@ -66,14 +66,14 @@ async fn created_link_redirects_on_both_instances() {
             Some("https://example.com/a?b=1")
         );
     }
-    // The create event carries version 1; two GETs per instance produced clicks.
+    // The create event carries version 1; the GET on each instance is a click, the HEAD is not.
     let links = a.events.links.lock().unwrap().clone();
     assert_eq!(links.len(), 1);
     assert_eq!(
         (links[0].kind, links[0].version),
         (LinkEventKind::Created, 1)
     );
-    assert_eq!(a.events.clicks.lock().unwrap().len(), 2);
+    assert_eq!(a.events.clicks.lock().unwrap().len(), 1);
     a.stop().await;
     b.stop().await;
 }

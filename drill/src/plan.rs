@@ -1,0 +1,316 @@
+//! What the drill breaks, in which order: scenarios (a fault kind on a tier, or the rung ladder)
+//! turned into phases, each with the actions that start it.
+
+use anyhow::{bail, Context};
+use std::collections::BTreeMap;
+
+/// How a component is broken. `Flap` is not a hook kind of its own: the drill toggles
+/// [`FLAP_WITH`] on and off during the phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Kill,
+    Hang,
+    Slow,
+    Blackhole,
+    Flap,
+}
+
+/// What a flapping component does while it is "down".
+pub const FLAP_WITH: Kind = Kind::Hang;
+
+impl Kind {
+    pub const ALL: [Kind; 5] = [
+        Kind::Kill,
+        Kind::Hang,
+        Kind::Slow,
+        Kind::Blackhole,
+        Kind::Flap,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kill => "kill",
+            Kind::Hang => "hang",
+            Kind::Slow => "slow",
+            Kind::Blackhole => "blackhole",
+            Kind::Flap => "flap",
+        }
+    }
+
+    pub fn parse(s: &str) -> anyhow::Result<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .with_context(|| {
+                format!("unknown fault kind {s:?} (kill, hang, slow, blackhole, flap)")
+            })
+    }
+
+    /// Needs a fault proxy in front of the component (Toxiproxy).
+    pub fn needs_proxy(self) -> bool {
+        matches!(self, Kind::Slow | Kind::Blackhole)
+    }
+}
+
+/// One hook call: break or restore `component` with `kind`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Break(Kind, String),
+    Restore(Kind, String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Phase {
+    pub name: String,
+    /// The scenario the phase belongs to (`baseline`, `ladder-hang`, `hang:store`).
+    pub scenario: String,
+    /// Run (in order) when the phase starts; requests sent meanwhile belong to the phase.
+    pub actions: Vec<Action>,
+    /// Components toggled with [`FLAP_WITH`] throughout the phase (restored at its end).
+    pub flap: Vec<String>,
+    /// At most one tier is broken: the latency targets apply (a two-tier ladder phase is only
+    /// held to right answers and exact clicks).
+    pub single_tier: bool,
+    /// The write path (primaries, store, Kafka, replicator, S3) is whole once the phase's
+    /// actions are done: a link created then must reach every rung within ε.
+    pub writes_whole: bool,
+}
+
+/// Tiers whose fault stops or delays creates or their replication (ε is not held there).
+const WRITE_PATH: [&str; 5] = ["primaries", "store", "kafka", "replicator", "s3"];
+
+/// A scenario as given on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Primaries broken, then the lastresort processes too, then back in reverse order.
+    Ladder(Kind),
+    /// One tier broken, then restored.
+    Tier(Kind, String),
+}
+
+impl Scenario {
+    /// `ladder:KIND` or `KIND:TIER`.
+    pub fn parse(s: &str) -> anyhow::Result<Scenario> {
+        let (a, b) = s
+            .split_once(':')
+            .with_context(|| format!("{s:?}: expected KIND:TIER or ladder:KIND"))?;
+        if a == "ladder" {
+            let k = Kind::parse(b)?;
+            if k == Kind::Flap {
+                bail!("ladder:flap is not a scenario; use flap:primaries or flap:lastresorts");
+            }
+            return Ok(Scenario::Ladder(k));
+        }
+        Ok(Scenario::Tier(Kind::parse(a)?, b.to_string()))
+    }
+}
+
+/// The tiers the drill knows by default, in the order the matrix walks them.
+pub const TIERS: [&str; 7] = [
+    "primaries",
+    "lastresorts",
+    "store",
+    "memcached",
+    "kafka",
+    "replicator",
+    "s3",
+];
+
+/// Every kind on every tier (slow and blackhole only where a fault proxy sits), both ladders.
+pub fn matrix(proxied: &[String]) -> Vec<Scenario> {
+    let mut v = vec![Scenario::Ladder(Kind::Kill), Scenario::Ladder(Kind::Hang)];
+    for tier in TIERS {
+        for k in Kind::ALL {
+            if !k.needs_proxy() || proxied.iter().any(|p| p == tier) {
+                v.push(Scenario::Tier(k, tier.to_string()));
+            }
+        }
+    }
+    v
+}
+
+/// The fast set CI runs: both ladders (primaries and lastresorts killed and hung) and a kill
+/// and a hang of every other tier.
+pub fn fast() -> Vec<Scenario> {
+    let mut v = vec![Scenario::Ladder(Kind::Kill), Scenario::Ladder(Kind::Hang)];
+    for tier in &TIERS[2..] {
+        v.push(Scenario::Tier(Kind::Kill, tier.to_string()));
+        v.push(Scenario::Tier(Kind::Hang, tier.to_string()));
+    }
+    v
+}
+
+/// The phases of a run: one baseline, then each scenario's phases.
+pub fn phases(
+    scenarios: &[Scenario],
+    tiers: &BTreeMap<String, Vec<String>>,
+    proxied: &[String],
+) -> anyhow::Result<Vec<Phase>> {
+    let comps = |tier: &str| -> anyhow::Result<Vec<String>> {
+        tiers
+            .get(tier)
+            .cloned()
+            .with_context(|| format!("unknown tier {tier:?} (known: {:?})", tiers.keys()))
+    };
+    let each = |f: fn(Kind, String) -> Action, k: Kind, cs: &[String]| -> Vec<Action> {
+        cs.iter().map(|c| f(k, c.clone())).collect()
+    };
+    let mut out = vec![Phase {
+        name: "baseline".into(),
+        scenario: "baseline".into(),
+        actions: vec![],
+        flap: vec![],
+        single_tier: true,
+        writes_whole: true,
+    }];
+    for s in scenarios {
+        match s {
+            Scenario::Ladder(k) => {
+                let (p, l) = (comps("primaries")?, comps("lastresorts")?);
+                let sc = format!("ladder:{}", k.name());
+                let phase = |name: String, actions, single_tier, writes_whole| Phase {
+                    name,
+                    scenario: sc.clone(),
+                    actions,
+                    flap: vec![],
+                    single_tier,
+                    writes_whole,
+                };
+                let k_name = k.name();
+                out.push(phase(
+                    format!("primaries-{k_name}"),
+                    each(Action::Break, *k, &p),
+                    true,
+                    false,
+                ));
+                out.push(phase(
+                    format!("lastresorts-{k_name}"),
+                    each(Action::Break, *k, &l),
+                    false,
+                    false,
+                ));
+                out.push(phase(
+                    "lastresorts-back".into(),
+                    each(Action::Restore, *k, &l),
+                    false,
+                    false,
+                ));
+                out.push(phase(
+                    "primaries-back".into(),
+                    each(Action::Restore, *k, &p),
+                    true,
+                    true,
+                ));
+            }
+            Scenario::Tier(k, tier) => {
+                if k.needs_proxy() && !proxied.iter().any(|p| p == tier) {
+                    bail!(
+                        "{}:{tier}: no fault proxy in front of {tier} (proxied: {proxied:?})",
+                        k.name()
+                    );
+                }
+                let cs = comps(tier)?;
+                let sc = format!("{}:{tier}", k.name());
+                let (actions, flap) = if *k == Kind::Flap {
+                    (vec![], cs.clone())
+                } else {
+                    (each(Action::Break, *k, &cs), vec![])
+                };
+                out.push(Phase {
+                    name: format!("{tier}-{}", k.name()),
+                    scenario: sc.clone(),
+                    actions,
+                    flap,
+                    single_tier: true,
+                    writes_whole: !WRITE_PATH.contains(&tier.as_str()),
+                });
+                let restore = if *k == Kind::Flap {
+                    vec![]
+                } else {
+                    each(Action::Restore, *k, &cs)
+                };
+                out.push(Phase {
+                    name: format!("{tier}-back"),
+                    scenario: sc,
+                    actions: restore,
+                    flap: vec![],
+                    single_tier: true,
+                    writes_whole: true,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiers() -> BTreeMap<String, Vec<String>> {
+        TIERS
+            .iter()
+            .map(|t| (t.to_string(), vec![format!("{t}-1"), format!("{t}-2")]))
+            .collect()
+    }
+
+    #[test]
+    fn scenarios_parse_and_reject_nonsense() {
+        assert_eq!(
+            Scenario::parse("hang:store").unwrap(),
+            Scenario::Tier(Kind::Hang, "store".into())
+        );
+        assert_eq!(
+            Scenario::parse("ladder:kill").unwrap(),
+            Scenario::Ladder(Kind::Kill)
+        );
+        for bad in ["hang", "melt:store", "ladder:flap", "ladder:x", ""] {
+            assert!(Scenario::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_fault_phase_is_followed_by_its_restore() {
+        let proxied: Vec<String> = ["primaries", "store"].map(String::from).to_vec();
+        let ph = phases(&matrix(&proxied), &tiers(), &proxied).unwrap();
+        assert_eq!(ph[0].name, "baseline");
+        let mut broken: Vec<(Kind, String)> = vec![];
+        for p in &ph {
+            for a in &p.actions {
+                match a {
+                    Action::Break(k, c) => broken.push((*k, c.clone())),
+                    Action::Restore(k, c) => {
+                        let i = broken
+                            .iter()
+                            .position(|b| b == &(*k, c.clone()))
+                            .expect("restores only what it broke");
+                        broken.remove(i);
+                    }
+                }
+            }
+        }
+        assert!(broken.is_empty(), "left broken: {broken:?}");
+        // Slow and blackhole only where a proxy is.
+        assert!(ph.iter().any(|p| p.name == "store-slow"));
+        assert!(!ph.iter().any(|p| p.name == "kafka-slow"));
+        assert!(phases(
+            &[Scenario::Tier(Kind::Slow, "kafka".into())],
+            &tiers(),
+            &proxied
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn the_fast_set_kills_and_hangs_every_tier() {
+        let ph = phases(&fast(), &tiers(), &[]).unwrap();
+        for tier in TIERS {
+            for k in ["kill", "hang"] {
+                assert!(
+                    ph.iter().any(|p| p.name == format!("{tier}-{k}")),
+                    "{tier}-{k}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! Turning the drill's samples into per-phase verdicts, a per-second timeline, a terminal
+//! table, a JSON report and a self-contained HTML page.
+
+use crate::plan::Phase;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// What one redirect through the frontend got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The right redirect (rungs 1, 2) or the right meta-refresh page (rung 3).
+    Right,
+    /// An answer, but not the right one (a 404, another location, another page).
+    Wrong,
+    /// No answer: connection error, timeout, 5xx.
+    Failed,
+}
+
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub phase: usize,
+    pub rung: Option<u8>,
+    pub outcome: Outcome,
+    pub status: u16,
+    /// When it was sent, since the load started.
+    pub start_ms: u64,
+    pub micros: u64,
+    pub link: usize,
+    pub click: Option<uuid::Uuid>,
+}
+
+/// The targets every phase is held to (issue 12's).
+#[derive(Clone, Copy, Debug)]
+pub struct Targets {
+    /// Settled p99 (after the first `settle_ms` of the phase) minus the baseline's, in a
+    /// phase with at most one tier broken.
+    pub added_p99_ms: f64,
+    /// No single redirect slower than this in a phase with at most one tier broken.
+    pub max_ms: f64,
+    pub settle_ms: u64,
+    /// A link created while the write path is whole is served by every rung within this (ε).
+    pub eps_ms: f64,
+}
+
+/// One create the drill's writer made during a phase, and when every rung served it.
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub phase: usize,
+    pub status: u16,
+    /// Create answered → S3 has the page and the last-resort host serves it; None: not
+    /// within the writer's patience (60 s), or the create failed.
+    pub to_rungs_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PhaseResult {
+    pub requests: usize,
+    pub right: usize,
+    pub wrong: usize,
+    pub failed: usize,
+    pub statuses: BTreeMap<u16, usize>,
+    pub rungs: BTreeMap<String, usize>,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub settled_p99_ms: f64,
+    pub added_p99_ms: f64,
+    pub clicks_sent: i64,
+    pub clicks_counted: i64,
+    pub creates: usize,
+    pub created: usize,
+    pub not_replicated: usize,
+    pub to_rungs_p99_ms: f64,
+    pub to_rungs_max_ms: f64,
+    pub action_error: Option<String>,
+    pub action_s: f64,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub misses: Vec<String>,
+}
+
+pub fn pct(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0
+}
+
+/// Per-phase numbers (clicks are filled in later) and the verdict against `t`.
+pub fn phase_results(
+    phases: &[Phase],
+    samples: &[Sample],
+    bounds: &[(u64, u64)],
+    t: &Targets,
+) -> Vec<PhaseResult> {
+    let mut out: Vec<PhaseResult> = Vec::new();
+    for (i, _) in phases.iter().enumerate() {
+        let ph: Vec<&Sample> = samples.iter().filter(|s| s.phase == i).collect();
+        let mut r = PhaseResult {
+            requests: ph.len(),
+            start_ms: bounds[i].0,
+            end_ms: bounds[i].1,
+            ..Default::default()
+        };
+        let mut lat: Vec<u64> = ph.iter().map(|s| s.micros).collect();
+        lat.sort_unstable();
+        let mut settled: Vec<u64> = ph
+            .iter()
+            .filter(|s| s.start_ms >= r.start_ms + t.settle_ms)
+            .map(|s| s.micros)
+            .collect();
+        settled.sort_unstable();
+        for s in &ph {
+            match s.outcome {
+                Outcome::Right => r.right += 1,
+                Outcome::Wrong => r.wrong += 1,
+                Outcome::Failed => r.failed += 1,
+            }
+            if s.outcome != Outcome::Right {
+                *r.statuses.entry(s.status).or_default() += 1;
+            }
+            let rung = s.rung.map_or("none".to_string(), |r| r.to_string());
+            *r.rungs.entry(rung).or_default() += 1;
+        }
+        r.p50_ms = pct(&lat, 0.5);
+        r.p99_ms = pct(&lat, 0.99);
+        r.max_ms = pct(&lat, 1.0);
+        r.settled_p99_ms = pct(&settled, 0.99);
+        r.added_p99_ms = out
+            .first()
+            .map_or(0.0, |b| r.settled_p99_ms - b.settled_p99_ms);
+        out.push(r);
+    }
+    out
+}
+
+/// Adds the writer's creates to their phases.
+pub fn add_writes(results: &mut [PhaseResult], writes: &[Write]) {
+    for (i, r) in results.iter_mut().enumerate() {
+        let w: Vec<&Write> = writes.iter().filter(|w| w.phase == i).collect();
+        r.creates = w.len();
+        r.created = w.iter().filter(|w| w.status == 201).count();
+        let mut lat: Vec<u64> = w
+            .iter()
+            .filter_map(|w| w.to_rungs_ms)
+            .map(|ms| (ms * 1000.0) as u64)
+            .collect();
+        lat.sort_unstable();
+        r.not_replicated = r.created - lat.len();
+        r.to_rungs_p99_ms = pct(&lat, 0.99);
+        r.to_rungs_max_ms = pct(&lat, 1.0);
+    }
+}
+
+/// Fills `misses` of every phase: which target it missed.
+pub fn judge(phases: &[Phase], results: &mut [PhaseResult], t: &Targets) {
+    for (p, r) in phases.iter().zip(results.iter_mut()) {
+        let mut m = Vec::new();
+        if let Some(e) = &r.action_error {
+            m.push(format!("action failed: {e}"));
+        }
+        if r.requests == 0 {
+            m.push("no requests".into());
+        }
+        if r.wrong > 0 {
+            m.push(format!("{} wrong answers", r.wrong));
+        }
+        if r.failed > 0 {
+            m.push(format!("{} failed answers", r.failed));
+        }
+        if p.single_tier && r.added_p99_ms > t.added_p99_ms {
+            m.push(format!(
+                "added p99 {:.0} ms > {:.0} ms",
+                r.added_p99_ms, t.added_p99_ms
+            ));
+        }
+        if p.single_tier && r.max_ms > t.max_ms {
+            m.push(format!("max {:.0} ms > {:.0} ms", r.max_ms, t.max_ms));
+        }
+        if p.writes_whole && r.not_replicated > 0 {
+            m.push(format!(
+                "{} created links never reached every rung",
+                r.not_replicated
+            ));
+        }
+        if p.writes_whole && r.to_rungs_max_ms > t.eps_ms {
+            m.push(format!(
+                "create → every rung {:.0} ms > ε {:.0} ms",
+                r.to_rungs_max_ms, t.eps_ms
+            ));
+        }
+        if r.clicks_counted != r.clicks_sent {
+            m.push(format!(
+                "clicks: {} sent, {} counted",
+                r.clicks_sent, r.clicks_counted
+            ));
+        }
+        r.misses = m;
+    }
+}
+
+pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
+    println!(
+        "{:<22} {:>6} {:>5} {:>6} {:>7} {:>7} {:>8} {:>7} {:>13} {:>9} {:>7}  {:<20} verdict",
+        "phase",
+        "reqs",
+        "wrong",
+        "failed",
+        "p50 ms",
+        "p99 ms",
+        "+p99 ms",
+        "max ms",
+        "clicks s/c",
+        "creates",
+        "ε ms",
+        "rungs"
+    );
+    for (p, r) in phases.iter().zip(results) {
+        let rungs = r
+            .rungs
+            .iter()
+            .map(|(k, n)| format!("{k}:{n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "{:<22} {:>6} {:>5} {:>6} {:>7.1} {:>7.1} {:>+8.1} {:>7.1} {:>13} {:>9} {:>7.0}  {:<20} {}",
+            p.name,
+            r.requests,
+            r.wrong,
+            r.failed,
+            r.p50_ms,
+            r.p99_ms,
+            r.added_p99_ms,
+            r.max_ms,
+            format!("{}/{}", r.clicks_sent, r.clicks_counted),
+            format!("{}/{}", r.created, r.creates),
+            r.to_rungs_max_ms,
+            rungs,
+            if r.misses.is_empty() {
+                "ok".to_string()
+            } else {
+                format!("MISS: {}", r.misses.join("; "))
+            }
+        );
+    }
+}
+
+/// Per second since the load started: right, wrong, failed, p50 and p99 ms.
+pub fn timeline(samples: &[Sample]) -> Vec<[f64; 5]> {
+    let secs = samples
+        .iter()
+        .map(|s| s.start_ms / 1000)
+        .max()
+        .map_or(0, |m| m + 1) as usize;
+    let mut buckets: Vec<Vec<&Sample>> = vec![Vec::new(); secs];
+    for s in samples {
+        buckets[(s.start_ms / 1000) as usize].push(s);
+    }
+    buckets
+        .iter()
+        .map(|b| {
+            let mut lat: Vec<u64> = b.iter().map(|s| s.micros).collect();
+            lat.sort_unstable();
+            let n = |o| b.iter().filter(|s| s.outcome == o).count() as f64;
+            [
+                n(Outcome::Right),
+                n(Outcome::Wrong),
+                n(Outcome::Failed),
+                pct(&lat, 0.5),
+                pct(&lat, 0.99),
+            ]
+        })
+        .collect()
+}
+
+pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
+    json!({
+        "phase": p.name, "scenario": p.scenario, "single_tier": p.single_tier,
+        "actions": p.actions.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>(),
+        "flap": p.flap,
+        "requests": r.requests, "right": r.right, "wrong": r.wrong, "failed": r.failed,
+        "not_right_statuses": r.statuses, "rungs": r.rungs,
+        "p50_ms": r.p50_ms, "p99_ms": r.p99_ms, "max_ms": r.max_ms,
+        "settled_p99_ms": r.settled_p99_ms, "added_p99_ms": r.added_p99_ms,
+        "clicks_sent": r.clicks_sent, "clicks_counted": r.clicks_counted,
+        "writes_whole": p.writes_whole, "creates": r.creates, "created": r.created,
+        "not_replicated": r.not_replicated, "create_to_every_rung_p99_ms": r.to_rungs_p99_ms,
+        "create_to_every_rung_max_ms": r.to_rungs_max_ms,
+        "action_error": r.action_error, "action_s": r.action_s,
+        "start_ms": r.start_ms, "end_ms": r.end_ms,
+        "passed": r.misses.is_empty(), "misses": r.misses,
+    })
+}
+
+fn esc(s: &str) -> String {
+    zlink_wire::blob::escape_html(s)
+}
+
+/// A self-contained HTML page: the per-second timeline (answers right/wrong/failed, p50/p99
+/// on a log scale, phases shaded) and the phase table.
+pub fn html(title: &str, phases: &[Phase], results: &[PhaseResult], tl: &[[f64; 5]]) -> String {
+    let (w, h1, h2, left) = (1200.0, 160.0, 160.0, 50.0);
+    let secs = tl.len().max(1) as f64;
+    let x = |s: f64| left + s / secs * (w - left - 10.0);
+    let max_n = tl.iter().map(|b| b[0] + b[1] + b[2]).fold(1.0, f64::max);
+    let (lo, hi) = (0.5f64.log10(), 5000f64.log10());
+    let y_ms = |ms: f64| h1 + 20.0 + h2 - (ms.clamp(0.5, 5000.0).log10() - lo) / (hi - lo) * h2;
+    let mut svg = String::new();
+    let total_h = h1 + h2 + 60.0;
+    let _ = write!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{total_h}" font-family="sans-serif" font-size="10">"##
+    );
+    for (i, r) in results.iter().enumerate() {
+        let (x0, x1) = (x(r.start_ms as f64 / 1000.0), x(r.end_ms as f64 / 1000.0));
+        let fill = if !r.misses.is_empty() {
+            "#fde2e2"
+        } else if i % 2 == 0 {
+            "#f0f0f0"
+        } else {
+            "#ffffff"
+        };
+        let _ = write!(
+            svg,
+            r##"<rect x="{x0:.1}" y="0" width="{:.1}" height="{total_h}" fill="{fill}"><title>{}</title></rect><text x="{:.1}" y="10" transform="rotate(0)">{}</text>"##,
+            (x1 - x0).max(0.5),
+            esc(&phases[i].name),
+            x0 + 2.0,
+            esc(&phases[i]
+                .name
+                .chars()
+                .take(((x1 - x0) / 6.0) as usize)
+                .collect::<String>())
+        );
+    }
+    let bw = ((w - left - 10.0) / secs).max(1.0);
+    for (s, b) in tl.iter().enumerate() {
+        let mut y = h1 + 14.0;
+        for (n, color) in [(b[0], "#3a3"), (b[1], "#f90"), (b[2], "#d22")] {
+            let bh = n / max_n * (h1 - 10.0);
+            y -= bh;
+            if bh > 0.0 {
+                let _ = write!(
+                    svg,
+                    r##"<rect x="{:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{color}"/>"##,
+                    x(s as f64),
+                    bw * 0.9
+                );
+            }
+        }
+    }
+    for (k, color) in [(3, "#36c"), (4, "#c3c")] {
+        let pts: Vec<String> = tl
+            .iter()
+            .enumerate()
+            .map(|(s, b)| format!("{:.1},{:.1}", x(s as f64 + 0.5), y_ms(b[k])))
+            .collect();
+        let _ = write!(
+            svg,
+            r##"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"##,
+            pts.join(" ")
+        );
+    }
+    for ms in [1.0, 10.0, 100.0, 1000.0] {
+        let _ = write!(
+            svg,
+            r##"<line x1="{left}" x2="{w}" y1="{y:.1}" y2="{y:.1}" stroke="#999" stroke-dasharray="2,3"/><text x="2" y="{y:.1}">{ms} ms</text>"##,
+            y = y_ms(ms)
+        );
+    }
+    let _ = write!(
+        svg,
+        r##"<text x="2" y="24">{max_n:.0}/s</text><text x="{left}" y="{:.0}">answers per second: right (green), wrong (orange), failed (red); latency: p50 (blue), p99 (purple), log scale; phases that missed a target in red</text></svg>"##,
+        total_h - 4.0
+    );
+    let mut rows = String::new();
+    for (p, r) in phases.iter().zip(results) {
+        let _ = write!(
+            rows,
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:+.1}</td><td>{:.1}</td><td>{}/{}</td><td>{}/{}</td><td>{:.0}</td><td>{}</td></tr>",
+            if r.misses.is_empty() { "ok" } else { "miss" },
+            esc(&p.name),
+            esc(&p.scenario),
+            r.requests,
+            r.wrong,
+            r.failed,
+            r.p50_ms,
+            r.p99_ms,
+            r.added_p99_ms,
+            r.max_ms,
+            r.clicks_sent,
+            r.clicks_counted,
+            r.created,
+            r.creates,
+            r.to_rungs_max_ms,
+            if r.misses.is_empty() {
+                "ok".to_string()
+            } else {
+                esc(&r.misses.join("; "))
+            }
+        );
+    }
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title><style>\
+body{{font-family:sans-serif;margin:1em}}table{{border-collapse:collapse}}\
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child,td:nth-child(2),td:last-child{{text-align:left}}\
+tr.miss{{background:#fde2e2}}</style></head><body><h1>{t}</h1>{svg}\
+<table><tr><th>phase</th><th>scenario</th><th>requests</th><th>wrong</th><th>failed</th><th>p50 ms</th>\
+<th>p99 ms</th><th>added p99 ms</th><th>max ms</th><th>clicks sent/counted</th><th>created/creates</th><th>create→rungs max ms</th><th>verdict</th></tr>{rows}</table></body></html>",
+        t = esc(title)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{phases, Scenario};
+
+    fn sample(phase: usize, outcome: Outcome, start_ms: u64, ms: u64) -> Sample {
+        Sample {
+            phase,
+            rung: Some(1),
+            outcome,
+            status: if outcome == Outcome::Right { 302 } else { 503 },
+            start_ms,
+            micros: ms * 1000,
+            link: 0,
+            click: None,
+        }
+    }
+
+    #[test]
+    fn a_phase_misses_on_failed_answers_slow_tails_and_lost_clicks() {
+        let tiers = [("primaries", "p"), ("lastresorts", "l"), ("store", "s")]
+            .iter()
+            .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
+            .collect();
+        let ph = phases(&[Scenario::parse("hang:store").unwrap()], &tiers, &[]).unwrap();
+        let t = Targets {
+            added_p99_ms: 300.0,
+            max_ms: 1000.0,
+            settle_ms: 1000,
+            eps_ms: 5000.0,
+        };
+        let mut s = vec![];
+        for i in 0..100 {
+            s.push(sample(0, Outcome::Right, i * 10, 2));
+            // The first second of the fault phase may be slow; after that it may not.
+            s.push(sample(
+                1,
+                Outcome::Right,
+                1000 + i * 10,
+                if i < 50 { 900 } else { 3 },
+            ));
+            s.push(sample(2, Outcome::Right, 2000 + i * 10, 2));
+        }
+        s.push(sample(2, Outcome::Failed, 2500, 1200));
+        let bounds = [(0, 1000), (1000, 2000), (2000, 3000)];
+        let mut r = phase_results(&ph, &s, &bounds, &t);
+        r[1].clicks_sent = 100;
+        r[1].clicks_counted = 100;
+        r[2].clicks_sent = 100;
+        r[2].clicks_counted = 99;
+        let w = |phase, status, ms| Write {
+            phase,
+            status,
+            to_rungs_ms: ms,
+        };
+        // While the store hangs a create may wait for it; once it is back, ε holds again.
+        let writes = [
+            w(0, 201, Some(800.0)),
+            w(1, 201, None),
+            w(1, 503, None),
+            w(2, 201, Some(6000.0)),
+        ];
+        add_writes(&mut r, &writes);
+        judge(&ph, &mut r, &t);
+        assert!(r[0].misses.is_empty(), "{:?}", r[0].misses);
+        assert_eq!((r[1].creates, r[1].created, r[1].not_replicated), (2, 1, 1));
+        assert!(r[1].misses.is_empty(), "settled: {:?}", r[1].misses);
+        assert_eq!(r[2].failed, 1);
+        assert_eq!(
+            r[2].misses.len(),
+            4,
+            "failed, max, ε, clicks: {:?}",
+            r[2].misses
+        );
+        let tl = timeline(&s);
+        assert_eq!(tl.len(), 3);
+        assert_eq!(tl[2][2], 1.0, "the failed answer is in second 2");
+        let page = html("drill <x>", &ph, &r, &tl);
+        assert!(page.contains("drill &lt;x&gt;") && page.contains("<svg"));
+    }
+}
