@@ -81,13 +81,21 @@ zl_die() { zl_log "ERROR: $*"; exit 1; }
 zl_pidfile() { echo "$ZLINK_RUN/pids/$1.pid"; }
 zl_logfile() { echo "$ZLINK_RUN/logs/$1.log"; }
 
+# The process exists and is not a zombie (dead, waiting for an adopting parent to reap it).
+zl_alive() {
+  local state
+  kill -0 "$1" 2>/dev/null || return 1
+  state="$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)"
+  [[ "$state" != Z ]]
+}
+
 # Prints the PID of a running component, or fails.
 zl_pid() {
   local f pid
   f="$(zl_pidfile "$1")"
   [[ -f "$f" ]] || return 1
   pid="$(cat "$f")"
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [[ -n "$pid" ]] && zl_alive "$pid" && echo "$pid"
 }
 
 # Starts a command as its own session (so stop/kill reach its whole process group),
@@ -286,7 +294,10 @@ zl_start_replicator() {
     zl_primary_env
     zl_s3_env
     export RUST_LOG="${RUST_LOG:-info}"
-    zl_spawn replicator "$(zl_bin replicator)" run --listen "127.0.0.1:$(zl_port replicator)"
+    # Static group membership (one instance here): it takes its partitions back at once after
+    # a restart of its own or of Kafka, so ε holds (ARCHITECTURE.md, "Budgets").
+    zl_spawn replicator "$(zl_bin replicator)" run --listen "127.0.0.1:$(zl_port replicator)" \
+      --group-instance-id replicator
   )
 }
 zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }
@@ -352,7 +363,8 @@ zl_start_clicks() {
   (
     zl_primary_env
     export RUST_LOG="${RUST_LOG:-info}"
-    zl_spawn clicks "$(zl_bin primary)" count-clicks --listen "127.0.0.1:$(zl_port clicks)"
+    zl_spawn clicks "$(zl_bin primary)" count-clicks --listen "127.0.0.1:$(zl_port clicks)" \
+      --group-instance-id clicks
   )
 }
 zl_ready_clicks() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port clicks)/readyz")" == 200 ]]; }
@@ -526,7 +538,7 @@ zl_stop() {
   pid="$(zl_pid "$name")" || { rm -f "$(zl_pidfile "$name")"; return 0; }
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   local deadline=$((SECONDS + grace))
-  while kill -0 "$pid" 2>/dev/null; do
+  while zl_alive "$pid"; do
     if ((SECONDS >= deadline)); then
       zl_log "$name did not stop within ${grace}s; sending SIGKILL"
       kill -KILL -- "-$pid" 2>/dev/null || true
@@ -541,7 +553,8 @@ zl_kill() {
   local name="$1" pid
   pid="$(zl_pid "$name")" || return 0
   kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # Gone, or a zombie its (adopting) parent has not reaped yet: dead either way.
+  while zl_alive "$pid"; do sleep 0.05; done
   rm -f "$(zl_pidfile "$name")"
 }
 

@@ -35,6 +35,11 @@ pub struct CountConfig {
     /// Consumer group of all counter instances.
     #[arg(long, env = "ZLINK_CLICKS_GROUP", default_value = "zlink-clicks")]
     pub group_id: String,
+    /// Static group membership: an id unique to this instance and stable across its restarts
+    /// (e.g. the pod name), so it gets its partitions back at once after a restart of its own
+    /// or of Kafka. Empty: a dynamic member (rejoining waits out the old session, 10 s).
+    #[arg(long, env = "ZLINK_GROUP_INSTANCE_ID", default_value = "")]
+    pub group_instance_id: String,
     #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
     pub clicks_topic: String,
     /// How long the ids of counted events are remembered, in days: a copy of an event that
@@ -63,6 +68,9 @@ impl CountConfig {
         self.store.validate()?;
         if self.kafka.trim().is_empty() {
             return Err("--kafka is required".into());
+        }
+        if !self.group_instance_id.is_empty() && !is_topic_name(&self.group_instance_id) {
+            return Err("--group-instance-id must be 1-249 characters of [A-Za-z0-9._-]".into());
         }
         if !is_topic_name(&self.clicks_topic) || !is_topic_name(&self.group_id) {
             return Err(
@@ -195,9 +203,10 @@ fn now_ms() -> i64 {
 impl Counter {
     pub async fn new(cfg: &CountConfig, store: Arc<Store>) -> anyhow::Result<Arc<Self>> {
         // Only offsets of counted batches are ever committed.
-        let consumer: StreamConsumer = ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, 1000)
-            .set("fetch.wait.max.ms", "100")
-            .create()?;
+        let consumer: StreamConsumer =
+            ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
+                .set("fetch.wait.max.ms", "100")
+                .create()?;
         consumer.subscribe(&[&cfg.clicks_topic])?;
         let clicks = Arc::new(ClickStore::new(store.clone()).await?);
         Ok(Arc::new(Counter {
@@ -275,6 +284,7 @@ impl Counter {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
+                    ops::exit_if_fatal(&self.consumer);
                     tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -291,6 +301,7 @@ impl Counter {
                     Ok(m) => batch.push(m.detach()),
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka receive error");
+                    ops::exit_if_fatal(&self.consumer);
                         break;
                     }
                 },

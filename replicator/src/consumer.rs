@@ -25,6 +25,12 @@ pub struct KafkaConfig {
         default_value = "zlink-replicator"
     )]
     pub group_id: String,
+    /// Static group membership: an id unique to this instance and stable across its restarts
+    /// (e.g. the pod name), so it gets its partitions back at once after a restart of its own
+    /// or of Kafka and ε holds. Empty: a dynamic member (rejoining waits out the old session,
+    /// 10 s).
+    #[arg(long, env = "ZLINK_GROUP_INSTANCE_ID", default_value = "")]
+    pub group_instance_id: String,
     #[arg(long, env = "ZLINK_LINKS_TOPIC", default_value = "links")]
     pub links_topic: String,
     /// Where events that can never be applied go.
@@ -35,6 +41,9 @@ pub struct KafkaConfig {
 impl KafkaConfig {
     pub fn validate(&self) -> Result<(), String> {
         use primary::config::is_topic_name;
+        if !self.group_instance_id.is_empty() && !is_topic_name(&self.group_instance_id) {
+            return Err("--group-instance-id must be 1-249 characters of [A-Za-z0-9._-]".into());
+        }
         if !is_topic_name(&self.links_topic)
             || !is_topic_name(&self.dlq_topic)
             || !is_topic_name(&self.group_id)
@@ -63,12 +72,16 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
         // Only offsets we stored (after S3 confirmed) are ever committed.
-        let consumer: StreamConsumer =
-            primary::ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, 500)
-                // Events are small and latency matters more than batching.
-                .set("socket.nagle.disable", "true")
-                .set("fetch.wait.max.ms", "50")
-                .create()?;
+        let consumer: StreamConsumer = primary::ops::manual_store_consumer(
+            &cfg.kafka,
+            &cfg.group_id,
+            &cfg.group_instance_id,
+            500,
+        )
+        // Events are small and latency matters more than batching.
+        .set("socket.nagle.disable", "true")
+        .set("fetch.wait.max.ms", "50")
+        .create()?;
         consumer.subscribe(&[&cfg.links_topic])?;
         let dlq: FutureProducer =
             zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
@@ -107,6 +120,7 @@ impl Pipeline {
                 Ok(m) => m.detach(),
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
+                    primary::ops::exit_if_fatal(&self.consumer);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }

@@ -301,6 +301,7 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
     let kafka = replicator::consumer::KafkaConfig {
         kafka: brokers.to_string(),
         group_id: n.group,
+        group_instance_id: String::new(),
         links_topic: n.links_topic,
         dlq_topic: n.dlq_topic,
     };
