@@ -81,6 +81,10 @@ struct Args {
     /// Checks the mappings after the drill; exit status 0 = no drift.
     #[arg(long, default_value = "deploy/local/ctl reconcile --dry-run")]
     reconcile_cmd: String,
+    /// Repairs drift the check found (what an SRE runs after an S3 incident); then the check
+    /// runs again and only drift that survives the repair fails the drill. Empty: no repair.
+    #[arg(long, default_value = "deploy/local/ctl reconcile")]
+    repair_cmd: String,
     /// Links per phase (each phase requests only its own, so its clicks can be counted).
     #[arg(long, default_value_t = 4)]
     links: usize,
@@ -255,7 +259,8 @@ async fn flap(
 }
 
 /// Until every rung serves `slug` right (S3 has the page, the last-resort host answers it), at
-/// most 60 s: the time taken, or None.
+/// most 60 s: the time taken, or None. Both are polled from the create on, so a "missing"
+/// answer the last-resort tier cached before the page reached S3 counts against ε too.
 async fn until_on_every_rung(
     client: &reqwest::Client,
     blob: &str,
@@ -264,7 +269,7 @@ async fn until_on_every_rung(
     url: &str,
 ) -> Option<f64> {
     let started = Instant::now();
-    let mut in_s3 = false;
+    let (mut in_s3, mut served) = (false, lastresort_host.is_none());
     while started.elapsed() < Duration::from_secs(60) {
         if !in_s3 {
             in_s3 = client
@@ -273,14 +278,11 @@ async fn until_on_every_rung(
                 .await
                 .is_ok_and(|r| r.status().as_u16() == 200);
         }
-        if in_s3 {
-            let served = match lastresort_host {
-                Some(h) => probe(client, h, slug, url).await.outcome == Outcome::Right,
-                None => true,
-            };
-            if served {
-                return Some(started.elapsed().as_secs_f64() * 1000.0);
-            }
+        if let (false, Some(h)) = (served, lastresort_host) {
+            served = probe(client, h, slug, url).await.outcome == Outcome::Right;
+        }
+        if in_s3 && served {
+            return Some(started.elapsed().as_secs_f64() * 1000.0);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -394,18 +396,29 @@ async fn main() -> anyhow::Result<()> {
         for i in 0..a.links {
             let slug = format!("drill-{}-{p}-{i}", &run[..10]);
             let url = format!("https://example.com/drill/{run}/{p}/{i}?q=a&r=b");
-            let r = client
-                .post(format!("{base}/api/v1/links"))
-                .bearer_auth(&a.admin_key)
-                .json(&serde_json::json!({"url": url, "slug": slug}))
-                .send()
-                .await
-                .context("creating a drill link")?;
-            anyhow::ensure!(
-                r.status().as_u16() == 201,
-                "creating {slug}: {}",
-                r.status()
-            );
+            // The topology may still be settling (a store reconnecting): retry a 5xx for a while.
+            let since = Instant::now();
+            loop {
+                let r = client
+                    .post(format!("{base}/api/v1/links"))
+                    .bearer_auth(&a.admin_key)
+                    // A retry of a create that did happen gets the same link, not a 409.
+                    .header("idempotency-key", &slug)
+                    .json(&serde_json::json!({"url": url, "slug": slug}))
+                    .send()
+                    .await
+                    .context("creating a drill link")?;
+                let status = r.status().as_u16();
+                if status == 201 {
+                    break;
+                }
+                anyhow::ensure!(
+                    status >= 500 && since.elapsed() < Duration::from_secs(30),
+                    "creating {slug}: {}",
+                    r.status()
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             links.push((slug, url));
         }
     }
@@ -563,15 +576,25 @@ async fn main() -> anyhow::Result<()> {
         report::add_writes(&mut results, &w.await?);
     }
 
-    // Mappings.
-    let reconcile_ok = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(&a.reconcile_cmd)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    // Mappings: ScyllaDB vs S3. A store that lost acknowledged objects (a killed S3 server can)
+    // shows up here; the repair is the runbook's, and what it could not repair fails the drill.
+    let shell_ok = |cmd: &str| {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(cmd)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let drift_found = !shell_ok(&a.reconcile_cmd);
+    let reconcile_ok = if drift_found && !a.repair_cmd.is_empty() {
+        shell_ok(&a.repair_cmd);
+        shell_ok(&a.reconcile_cmd)
+    } else {
+        !drift_found
+    };
 
     // Clicks: every right answer carried a click id, and each is counted once (whichever tier
     // the counter credits when a late copy arrives from another one: totals per phase).
@@ -612,7 +635,11 @@ async fn main() -> anyhow::Result<()> {
     report::print_table(&phases, &results);
     println!(
         "mappings: {} ({})",
-        if reconcile_ok { "no drift" } else { "DRIFT" },
+        match (drift_found, reconcile_ok) {
+            (false, _) => "no drift",
+            (true, true) => "drift found (S3 lost objects it had acknowledged) and repaired",
+            (true, false) => "DRIFT that the repair did not fix",
+        },
         a.reconcile_cmd
     );
     println!(
@@ -634,7 +661,7 @@ async fn main() -> anyhow::Result<()> {
         "phases": phases.iter().zip(&results).map(|(p, r)| report::phase_json(p, r)).collect::<Vec<_>>(),
         "timeline": tl.iter().map(|b| serde_json::json!({
             "right": b[0], "wrong": b[1], "failed": b[2], "p50_ms": b[3], "p99_ms": b[4]})).collect::<Vec<_>>(),
-        "mappings_ok": reconcile_ok,
+        "mappings_ok": reconcile_ok, "drift_found_before_repair": drift_found,
         "clicks_without_id": without_id,
         "passed": !failed,
     });
