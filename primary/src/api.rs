@@ -163,6 +163,10 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
 
     let url = longurl::normalize(&body.url)
         .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
+    state
+        .destinations
+        .check(&url)
+        .map_err(|e| ApiError::Invalid(e.code(), e.to_string()))?;
     if let Some(s) = &body.slug {
         slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
     }

@@ -43,6 +43,8 @@ pub struct AppState {
     pub clicks: tokio::sync::OnceCell<Arc<ClickStore>>,
     /// (total, humans) per slug for the public info page, kept a few seconds.
     pub info_totals: moka::future::Cache<String, (i64, i64)>,
+    /// Which destinations links may have.
+    pub destinations: crate::policy::Destinations,
 }
 
 impl AppState {
@@ -89,7 +91,19 @@ impl AppState {
             ip_hash_salt: cfg.clicks.ip_hash_salt.0.clone(),
             trusted_proxies: cfg.clicks.trusted_proxies.clone(),
         };
+        let own = url::Url::parse(&cfg.public_base_url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .into_iter()
+            .chain(cfg.short_domains.iter().cloned())
+            .collect();
+        let destinations = crate::policy::Destinations::new(
+            own,
+            cfg.deny_hosts_file.clone(),
+            cfg.allow_hosts_file.clone(),
+        )?;
         Ok(Arc::new(AppState {
+            destinations,
             settings,
             ids: IdAllocator::new(store.clone(), cfg.id_block_size),
             codec: SlugCodec::new(cfg.slug_key.0.as_bytes()),

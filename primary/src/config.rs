@@ -119,6 +119,18 @@ pub struct ServeConfig {
         default_value = "http://127.0.0.1:8080"
     )]
     pub public_base_url: String,
+    /// Further short domains this service answers on (comma-separated); no link may lead to
+    /// one of them or the host of --public-base-url, or their subdomains (loops).
+    #[arg(long, env = "ZLINK_SHORT_DOMAINS", value_delimiter = ',')]
+    pub short_domains: Vec<String>,
+    /// Hosts no link may lead to, one per line (`#` comments; a name also covers its
+    /// subdomains). Re-read when it changes.
+    #[arg(long, env = "ZLINK_DENY_HOSTS_FILE")]
+    pub deny_hosts_file: Option<std::path::PathBuf>,
+    /// Hosts a link may lead to although the built-in rules refuse them (an internal host on
+    /// purpose); same format. Never overrides the deny list or the own-domain rule.
+    #[arg(long, env = "ZLINK_ALLOW_HOSTS_FILE")]
+    pub allow_hosts_file: Option<std::path::PathBuf>,
 
     #[command(flatten)]
     pub store: StoreConfig,

@@ -5,6 +5,7 @@
 //! - [`http`]: route table, middleware (deadline + request metrics), accept loop, graceful drain.
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
+//! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
 //! - [`store`]: every CQL statement, LWTs, schema migration.
@@ -35,6 +36,7 @@ pub mod ids;
 pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod ops;
+pub mod policy;
 pub mod redirect;
 pub mod relay;
 pub mod runtime;

@@ -2,11 +2,13 @@
 //!
 //! - [`slug`]: slug rules (auto vs custom, reserved words) and the keyed auto-slug codec.
 //! - [`longurl`]: validation and normalisation of destination URLs.
+//! - [`destination`]: which hosts a link may lead to (no private, internal or own hosts).
 //! - [`link`]: the link state machine and the allowed redirect codes.
 //! - [`events`]: `links` and `clicks` Kafka event schemas.
 //! - [`blob`]: the S3 meta-refresh HTML blob (render, strict parse, object metadata).
 
 pub mod blob;
+pub mod destination;
 pub mod events;
 pub mod link;
 pub mod longurl;
