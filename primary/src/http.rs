@@ -132,10 +132,14 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
 async fn readyz(state: &AppState) -> Resp {
     match tokio::time::timeout(Duration::from_secs(1), state.store.ping()).await {
         Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
-        Ok(Err(e)) => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "not_ready", "store": e.to_string()}),
-        ),
+        Ok(Err(e)) => {
+            // The error text (addresses, driver internals) goes to the log, never the response.
+            tracing::warn!(error = %e, "not ready: store");
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "not_ready", "store": "unavailable"}),
+            )
+        }
         Err(_) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &serde_json::json!({"status": "not_ready", "store": "timeout"}),

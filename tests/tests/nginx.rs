@@ -332,6 +332,20 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         1.0,
         "the earlier lines were not ingested again"
     );
+
+    // Operator endpoints answer on the processes themselves, never through a public nginx.
+    for path in ["/metrics", "/readyz", "/healthz", "/stats", "/metrics/"] {
+        for (tier, nginx) in [("frontend", &fe), ("lastresort host", &lr_nginx)] {
+            let r = client().get(nginx.url(path)).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path} via the {tier}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "not_found", "{path} via the {tier}");
+        }
+    }
+    for url in [lr.url("/metrics"), lr.url("/readyz"), lr.url("/stats")] {
+        let r = client().get(&url).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{url} on the ops address");
+    }
     assert!(lr.terminate().await.success());
     replicator.stop().await;
 }
