@@ -69,6 +69,9 @@ pub struct ClickArgs {
     pub trusted_proxies: TrustedProxies,
 }
 
+/// The shortest IP-hash salt a process starts with.
+pub const MIN_SALT_BYTES: usize = 16;
+
 impl ClickArgs {
     pub fn spool_config(&self) -> SpoolConfig {
         SpoolConfig {
@@ -91,6 +94,12 @@ impl ClickArgs {
         self.spool_config().validate()?;
         if self.clicks_topic.is_empty() {
             return Err("--clicks-topic must not be empty".into());
+        }
+        // An empty or short salt makes IP hashes reversible by enumerating addresses.
+        if self.ip_hash_salt.0.len() < MIN_SALT_BYTES {
+            return Err(format!(
+                "--ip-hash-salt (ZLINK_IP_HASH_SALT) must be a secret of at least {MIN_SALT_BYTES} bytes, the same on every tier"
+            ));
         }
         if !(100..=300_000).contains(&self.clicks_timeout_ms) {
             return Err("--clicks-timeout-ms must be between 100 and 300000".into());

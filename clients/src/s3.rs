@@ -111,6 +111,11 @@ pub enum KeyKind<'a> {
     Other,
 }
 
+/// The largest object body read: far above any blob zlink writes (an 8 KiB URL, HTML-escaped,
+/// in the page template), so a bigger object is not ours and is treated as unreadable (empty
+/// body: lastresort counts it malformed, reconcile rewrites it) instead of being buffered.
+pub const MAX_OBJECT_BYTES: usize = 256 * 1024;
+
 /// A stored blob object: its body and user metadata.
 pub struct StoredObject {
     pub body: Vec<u8>,
@@ -173,6 +178,19 @@ impl S3Store {
         .await
     }
 
+    /// Writes an arbitrary object under `slug`'s key (repair tooling and tests; the replicator
+    /// only ever writes [`S3Store::put`]'s blobs).
+    pub async fn put_raw(&self, slug: &str, body: Vec<u8>) -> Result<(), S3Error> {
+        self.put_object(
+            self.key(slug),
+            ByteStream::from(body),
+            "application/octet-stream",
+            None,
+            Vec::new(),
+        )
+        .await
+    }
+
     async fn put_object(
         &self,
         key: String,
@@ -228,15 +246,32 @@ impl S3Store {
             .send()
             .await
         {
-            Ok(out) => {
+            Ok(mut out) => {
                 let metadata = out.metadata().cloned().unwrap_or_default();
-                let body = out
-                    .body
-                    .collect()
-                    .await
-                    .map_err(|e| S3Error::Transient(e.to_string()))?
-                    .into_bytes()
-                    .to_vec();
+                let oversized = || {
+                    tracing::warn!(
+                        key,
+                        limit = MAX_OBJECT_BYTES,
+                        "S3 object larger than any blob we write; its body is not read"
+                    );
+                    Ok(Some(StoredObject {
+                        body: Vec::new(),
+                        metadata: metadata.clone(),
+                    }))
+                };
+                // Never buffer more than a blob can be: the declared length first, then while
+                // streaming (a length can be absent or wrong).
+                if out.content_length().unwrap_or(0) > MAX_OBJECT_BYTES as i64 {
+                    return oversized();
+                }
+                let mut body = Vec::new();
+                while let Some(chunk) = out.body.next().await {
+                    let chunk = chunk.map_err(|e| S3Error::Transient(e.to_string()))?;
+                    if body.len() + chunk.len() > MAX_OBJECT_BYTES {
+                        return oversized();
+                    }
+                    body.extend_from_slice(&chunk);
+                }
                 Ok(Some(StoredObject { body, metadata }))
             }
             Err(e) if status_of(&e) == Some(404) => Ok(None),

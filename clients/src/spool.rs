@@ -171,8 +171,10 @@ fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
         let name = e?.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some(n) = name.strip_suffix(".seg") {
-            if n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()) {
-                seqs.push(n.parse().expect("20 digits fit u64"));
+            // 20 digits can exceed u64 (a file no spool of ours wrote): ignored, never a panic.
+            match n.parse::<u64>() {
+                Ok(seq) if n.len() == 20 && n.bytes().all(|b| b.is_ascii_digit()) => seqs.push(seq),
+                _ => tracing::warn!(file = ?name, "spool: ignoring a file that is not a segment"),
             }
         }
     }
@@ -937,6 +939,24 @@ mod tests {
             spool.append(&vec![0; MAX_RECORD + 1]),
             Err(AppendError::Size)
         ));
+    }
+
+    #[test]
+    fn foreign_files_in_the_spool_directory_are_ignored_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "99999999999999999999.seg", // 20 digits above u64::MAX
+            "1.seg",
+            "abc.seg",
+            "00000000000000000001.seg.tmp",
+            "notes.txt",
+        ] {
+            fs::write(dir.path().join(name), b"junk").unwrap();
+        }
+        let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+        spool.append(&rec(1)).unwrap();
+        spool.close();
+        assert_eq!(read_all(&mut r).0, vec![rec(1)]);
     }
 
     #[test]

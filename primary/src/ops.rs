@@ -58,7 +58,15 @@ pub async fn serve(listener: TcpListener, ops: Arc<Ops>, shutdown: CancellationT
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => return,
-            s = listener.accept() => match s { Ok((s, _)) => s, Err(_) => continue },
+            s = listener.accept() => match s {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning on the error.
+                    tracing::warn!(error = %e, "ops accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
         };
         let ops = ops.clone();
         tokio::spawn(async move {

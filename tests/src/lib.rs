@@ -140,6 +140,9 @@ pub async fn spawn_primary(
     if let Some(d) = &spool {
         argv.extend(["--spool-dir".to_string(), d.path().display().to_string()]);
     }
+    if extra.contains(&"--kafka") && !extra.contains(&"--ip-hash-salt") {
+        argv.extend(["--ip-hash-salt".into(), "test-salt-16-bytes-min".into()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
     let cfg = match clap::Parser::try_parse_from(argv).expect("valid flags") {
         Cli {
@@ -375,7 +378,7 @@ fn lastresort_argv(
         "--s3-secret-key",
         &infra.s3_secret_key,
         "--ip-hash-salt",
-        "test-salt",
+        "test-salt-16-bytes-min",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -481,7 +484,7 @@ impl ServiceProcess {
             "--spool-dir",
             &spool.path().display().to_string(),
             "--ip-hash-salt",
-            "test-salt",
+            "test-salt-16-bytes-min",
         ]
         .iter()
         .map(|s| s.to_string())

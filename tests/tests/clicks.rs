@@ -243,7 +243,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
         spool_fsync_ms: 20,
         clicks_topic: topic.clone(),
         clicks_timeout_ms: 1000,
-        ip_hash_salt: zlink_clients::Secret("salt".into()),
+        ip_hash_salt: zlink_clients::Secret("salt-of-sixteen-bytes".into()),
         trusted_proxies: zlink_clients::clicks::DEFAULT_TRUSTED_PROXIES
             .parse()
             .unwrap(),

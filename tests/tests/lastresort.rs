@@ -123,6 +123,40 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_object_bigger_than_any_blob_is_not_buffered_and_counts_as_missing() {
+    let infra = Infra::from_env();
+    let prefix = format!("lr-huge-{}/", uuid::Uuid::new_v4().simple());
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    let huge = zlink_clients::s3::MAX_OBJECT_BYTES + 1;
+    writer.put_raw("huge", vec![b'<'; huge]).await.unwrap();
+    let b = Blob {
+        url: "https://example.com/fine".into(),
+        code: 302,
+        version: 1,
+        expires_at_ms: None,
+    };
+    writer.put("fine", &b).await.unwrap();
+    let lr = spawn_lastresort(&infra, &infra.s3_endpoint, &prefix, &[]).await;
+    let r = get(&lr.url("/huge")).await;
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "not a blob of ours: missing"
+    );
+    assert_eq!(
+        metric(
+            &lr.url("/metrics"),
+            "zlink_lastresort_malformed_blobs_total"
+        )
+        .await,
+        1.0
+    );
+    let r = get(&lr.url("/fine")).await;
+    assert_eq!(r.status(), StatusCode::FOUND, "the process is fine");
+    assert_eq!(r.headers()["location"], "https://example.com/fine");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fast_503() {
     let infra = Infra::from_env();
     let s3 = OwnS3::start(27000).await;

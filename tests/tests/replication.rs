@@ -564,7 +564,12 @@ async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
     let topic = format!("clicks-{ks}");
     create_topics(&infra.kafka, &[(&topic, 3)]).await;
     let mut flags = kafka_flags(&infra.kafka, &n);
-    flags.extend(["--clicks-topic", &topic, "--ip-hash-salt", "test-salt"]);
+    flags.extend([
+        "--clicks-topic",
+        &topic,
+        "--ip-hash-salt",
+        "test-salt-16-bytes-min",
+    ]);
     let p = spawn_primary(&infra, &ks, &flags, None).await;
     let key = create_key(&p.state, "alice", false).await;
     let c = create(
@@ -602,7 +607,8 @@ async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
     assert_eq!(ids.len(), 50);
     let (seen, events) = clicks_in_kafka(&infra.kafka, &topic, &ids).await;
     assert_eq!(seen, ids);
-    let want_hash = zlink_clients::clicks::ip_hash("test-salt", "198.51.100.7".parse().unwrap());
+    let want_hash =
+        zlink_clients::clicks::ip_hash("test-salt-16-bytes-min", "198.51.100.7".parse().unwrap());
     let previews = events
         .iter()
         .filter(|e| e.agent == zlink_wire::events::AgentClass::Preview)
