@@ -10,8 +10,9 @@ set -euo pipefail
 ZLINK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ZLINK_CACHE="${ZLINK_CACHE:-$HOME/.cache/zlink}"
 ZLINK_RUN="${ZLINK_RUN:-$ZLINK_ROOT/.zlink/local}"
-# Every port is ZLINK_PORT_BASE + a fixed offset (see zl_port). SeaweedFS also opens each
-# gRPC port at +10000, so two topologies need bases at least 1000 apart and not 10000 apart.
+# Every port is ZLINK_PORT_BASE + a fixed offset (see zl_port), so two topologies need bases at
+# least 1000 apart. SeaweedFS's gRPC ports are set explicitly: its default (+10000) put them in
+# the kernel's ephemeral range (32768+), where an outgoing connection could hold one first.
 ZLINK_PORT_BASE="${ZLINK_PORT_BASE:-21000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ZLINK_CACHE/target}"
 
@@ -60,6 +61,11 @@ zl_port() {
     weed-filer) off=135 ;;
     weed-admin) off=136 ;;
     weed-metrics) off=137 ;;
+    weed-master-grpc) off=143 ;;
+    weed-volume-grpc) off=144 ;;
+    weed-filer-grpc) off=145 ;;
+    weed-admin-grpc) off=146 ;;
+    weed-s3-grpc) off=147 ;;
     memcached) off=11 ;;
     memcached-lr) off=12 ;;
     lastresort-*) off=$((100 + ${1#lastresort-})) ;;
@@ -222,6 +228,9 @@ EOF
     -s3.port="$(zl_port s3)" -master.port="$(zl_port weed-master)" \
     -volume.port="$(zl_port weed-volume)" -filer.port="$(zl_port weed-filer)" \
     -admin.port="$(zl_port weed-admin)" -metricsPort="$(zl_port weed-metrics)" \
+    -master.port.grpc="$(zl_port weed-master-grpc)" -volume.port.grpc="$(zl_port weed-volume-grpc)" \
+    -filer.port.grpc="$(zl_port weed-filer-grpc)" -admin.port.grpc="$(zl_port weed-admin-grpc)" \
+    -s3.port.grpc="$(zl_port weed-s3-grpc)" \
     -s3.config="$dir/s3.json" -bucket="$S3_BUCKET" -master.telemetry=false \
     -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0
 }

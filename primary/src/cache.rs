@@ -39,6 +39,17 @@ impl From<&Link> for CachedLink {
     }
 }
 
+impl CachedLink {
+    /// A value read from memcached is untrusted input (anyone who can reach memcached can write
+    /// it): it is used only if it is what this service would have written — a URL that is its
+    /// own normalised form (so a valid `Location`), an allowed redirect code, a real version.
+    pub fn is_valid(&self) -> bool {
+        zlink_wire::link::is_redirect_code(self.code)
+            && self.ver >= 1
+            && zlink_wire::longurl::normalize(&self.url).is_ok_and(|n| n == self.url)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Lookup {
     Found(Arc<CachedLink>),
@@ -132,9 +143,17 @@ impl RedirectCache {
     async fn load(&self, slug: &str) -> Result<Lookup, StoreError> {
         if let Some(mc) = &self.memcached {
             match mc.get_json::<CachedLink>(&self.mc_key(slug)).await {
-                Ok(Some(link)) => {
+                Ok(Some(link)) if link.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
                     return Ok(Lookup::Found(Arc::new(link)));
+                }
+                // Not a value of ours: a miss; the store's answer below overwrites it.
+                Ok(Some(_)) => {
+                    self.metrics
+                        .memcached_errors
+                        .with_label_values(&["invalid_value"])
+                        .inc();
+                    tracing::warn!(slug = ?slug, "memcached value failed validation; read the store");
                 }
                 Ok(None) => {}
                 Err(e) => self
@@ -196,5 +215,38 @@ impl RedirectCache {
                     .inc();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_values_we_would_write_are_trusted_from_memcached() {
+        let good = CachedLink {
+            url: "https://example.com/a?b=1".into(),
+            status: LinkStatus::Active,
+            code: 302,
+            exp: None,
+            ver: 1,
+        };
+        assert!(good.is_valid());
+        let bad = |f: fn(&mut CachedLink)| {
+            let mut l = good.clone();
+            f(&mut l);
+            l.is_valid()
+        };
+        assert!(!bad(
+            |l| l.url = "https://example.com/\r\nSet-Cookie: x".into()
+        ));
+        assert!(!bad(|l| l.url = "javascript:alert(1)".into()));
+        assert!(
+            !bad(|l| l.url = "https://EXAMPLE.com".into()),
+            "not normalised"
+        );
+        assert!(!bad(|l| l.url = String::new()));
+        assert!(!bad(|l| l.code = 200));
+        assert!(!bad(|l| l.ver = 0));
     }
 }
