@@ -422,12 +422,16 @@ async fn replicator_sigkilled_mid_stream_loses_no_object() {
     let Setup { infra, ks, n } = setup().await;
     let p = spawn_primary(&infra, &ks, &kafka_flags(&infra.kafka, &n), None).await;
     let key = create_key(&p.state, "alice", false).await;
+    // As deployed: a stable instance id (static group membership), so the restarted process
+    // takes its partitions back at once instead of waiting out the killed one's 30 s session.
+    let instance = format!("replicator-{ks}");
     let spawn = || {
         let mut cmd = tokio::process::Command::new(bin("replicator"));
         cmd.arg("run")
             .arg("--listen")
             .arg("127.0.0.1:0")
-            .envs(infra.env_for_services(&ks, &infra.kafka));
+            .envs(infra.env_for_services(&ks, &infra.kafka))
+            .env("ZLINK_GROUP_INSTANCE_ID", &instance);
         cmd.env("RUST_LOG", "warn")
             .kill_on_drop(true)
             .spawn()
