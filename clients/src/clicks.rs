@@ -197,18 +197,24 @@ impl TrustedProxies {
         {
             o.at_ms = at;
         }
-        // Only the rightmost entry was written by our proxy; anything left of it is client-supplied.
-        if let Some(ip) = headers
+        o.client = self.client(peer, headers);
+        o
+    }
+
+    /// The client's address: from a trusted proxy the last `X-Forwarded-For` entry (the only
+    /// one our proxy wrote; anything left of it is client-supplied), else the TCP peer.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.contains(peer) {
+            return peer;
+        }
+        headers
             .get_all("x-forwarded-for")
             .iter()
             .next_back()
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.rsplit(',').next())
             .and_then(|s| s.trim().parse::<IpAddr>().ok())
-        {
-            o.client = ip;
-        }
-        o
+            .unwrap_or(peer)
     }
 }
 

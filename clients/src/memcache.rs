@@ -1,4 +1,5 @@
-//! A small async memcached client (text protocol: get, set, delete) built for the redirect path.
+//! A small async memcached client (text protocol: get, set, add, delete) built for the redirect
+//! path.
 //!
 //! Why not the `memcache` crate: it is blocking, so every redirect would need a
 //! `spawn_blocking` hop and its timeouts are per socket op, not per lookup. Here one budget
@@ -50,12 +51,15 @@ impl McError {
 
 enum Op<'a> {
     Get(&'a str),
-    Set(&'a str, &'a [u8], u32),
+    /// `set` (always) or `add` (only if absent): verb, key, value, TTL seconds.
+    Store(&'static str, &'a str, &'a [u8], u32),
     Delete(&'a str),
 }
 
 enum Reply {
     Value(Option<Vec<u8>>),
+    /// Whether a `set`/`add` stored the value.
+    Stored(bool),
     Done,
 }
 
@@ -88,12 +92,35 @@ impl Memcache {
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, McError> {
         match self.exec(Op::Get(key)).await? {
             Reply::Value(v) => Ok(v),
-            Reply::Done => Err(McError::Protocol("unexpected reply to get".into())),
+            _ => Err(McError::Protocol("unexpected reply to get".into())),
         }
     }
 
     pub async fn set(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<(), McError> {
-        self.exec(Op::Set(key, value, ttl_s)).await.map(|_| ())
+        self.exec(Op::Store("set", key, value, ttl_s))
+            .await
+            .map(|_| ())
+    }
+
+    /// Writes a JSON value now (`set`): what a change writes, see [`Memcache::add`].
+    pub async fn set_json<T: serde::Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl_s: u32,
+    ) -> Result<(), McError> {
+        let bytes = serde_json::to_vec(value).map_err(|_| McError::Decode)?;
+        self.set(key, &bytes, ttl_s).await
+    }
+
+    /// Stores only if the key holds nothing; `Ok(false)` when it already did. Cache fills use
+    /// this, changes use [`Memcache::set`]: a fill that read the store before a change and
+    /// arrives after the change's write cannot put the old value back.
+    pub async fn add(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<bool, McError> {
+        match self.exec(Op::Store("add", key, value, ttl_s)).await? {
+            Reply::Stored(stored) => Ok(stored),
+            _ => Err(McError::Protocol("unexpected reply to add".into())),
+        }
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), McError> {
@@ -113,9 +140,10 @@ impl Memcache {
         }
     }
 
-    /// Stores a JSON value in the background: a redirect never waits for a cache fill.
+    /// Fills a JSON value in the background if the key holds nothing (`add`): a redirect never
+    /// waits for a cache fill, and a fill never overwrites a newer value a change wrote.
     /// `on_error` sees the failure (for the caller's metrics).
-    pub fn set_json_in_background<T: serde::Serialize>(
+    pub fn fill_json_in_background<T: serde::Serialize>(
         self: &std::sync::Arc<Self>,
         key: String,
         value: &T,
@@ -127,7 +155,7 @@ impl Memcache {
         };
         let mc = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = mc.set(&key, &bytes, ttl_s).await {
+            if let Err(e) = mc.add(&key, &bytes, ttl_s).await {
                 on_error(&e);
             }
         });
@@ -135,7 +163,7 @@ impl Memcache {
 
     async fn exec(&self, op: Op<'_>) -> Result<Reply, McError> {
         let key = match &op {
-            Op::Get(k) | Op::Set(k, ..) | Op::Delete(k) => *k,
+            Op::Get(k) | Op::Store(_, k, ..) | Op::Delete(k) => *k,
         };
         if !is_valid_key(key) {
             return Err(McError::Protocol("invalid key".into()));
@@ -222,15 +250,18 @@ async fn roundtrip(conn: &mut BufStream<TcpStream>, op: &Op<'_>) -> Result<Reply
             }
             Ok(Reply::Value(Some(buf)))
         }
-        Op::Set(key, value, ttl) => {
-            conn.write_all(format!("set {key} 0 {ttl} {}\r\n", value.len()).as_bytes())
+        Op::Store(verb, key, value, ttl) => {
+            conn.write_all(format!("{verb} {key} 0 {ttl} {}\r\n", value.len()).as_bytes())
                 .await?;
             conn.write_all(value).await?;
             conn.write_all(b"\r\n").await?;
             conn.flush().await?;
             match read_line(conn).await?.as_str() {
-                "STORED" | "NOT_STORED" => Ok(Reply::Done),
-                other => Err(McError::Protocol(format!("unexpected set reply {other:?}"))),
+                "STORED" => Ok(Reply::Stored(true)),
+                "NOT_STORED" => Ok(Reply::Stored(false)),
+                other => Err(McError::Protocol(format!(
+                    "unexpected {verb} reply {other:?}"
+                ))),
             }
         }
         Op::Delete(key) => {

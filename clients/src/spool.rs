@@ -9,10 +9,11 @@
 //!   replaced atomically (write temp, fsync, rename, fsync dir).
 //!
 //! Guarantees:
-//! - `append` returns once the record is in the file (one `write(2)` under a mutex, no fsync),
-//!   so a process crash (SIGKILL, panic, OOM kill) loses nothing that was appended. A flusher
-//!   thread fsyncs in small batches (`fsync_records` records or `fsync_interval` after the
-//!   first unsynced one, whichever comes first): a power loss loses at most that window.
+//! - `append` returns once the record is in the file (one `write(2)` under a mutex, never an
+//!   fsync: group commit), so a process crash (SIGKILL, panic, OOM kill) loses nothing that was
+//!   appended. A flusher thread fsyncs in small batches (`fsync_records` records or
+//!   `fsync_interval` after the first unsynced one, whichever comes first; a rolled-over
+//!   segment at once): a power loss loses at most that window.
 //! - The reader delivers every record at least once, in append order: it moves its durable
 //!   position only past records its caller confirmed ([`Reader::commit`]); a crash before the
 //!   commit re-delivers them. Records carry their own ids, so consumers deduplicate.
@@ -130,6 +131,8 @@ struct Active {
     len: u64,
     unsynced: usize,
     first_unsynced: Option<Instant>,
+    /// Segments rolled over but not yet fsynced (the flusher does that, off the append path).
+    retired: Vec<Arc<File>>,
     closed: bool,
 }
 
@@ -386,6 +389,7 @@ impl Spool {
                 len: MAGIC_LEN,
                 unsynced: 0,
                 first_unsynced: None,
+                retired: Vec::new(),
                 closed: false,
             }),
             flush: Condvar::new(),
@@ -419,12 +423,19 @@ impl Spool {
         ))
     }
 
-    /// fsyncs every record appended so far (earlier segments were synced when they rolled).
+    /// fsyncs every record appended so far (the active segment and any rolled-over one the
+    /// flusher has not synced yet).
     pub fn sync(&self) -> io::Result<()> {
-        let file = self.shared.lock().file.clone();
-        file.sync_data().inspect_err(|_| {
-            self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
-        })
+        let files: Vec<Arc<File>> = {
+            let a = self.shared.lock();
+            a.retired.iter().cloned().chain([a.file.clone()]).collect()
+        };
+        for f in files {
+            f.sync_data().inspect_err(|_| {
+                self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
+            })?;
+        }
+        Ok(())
     }
 
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
@@ -516,11 +527,14 @@ impl Spool {
         }
     }
 
+    /// Starts the next segment. The full one is handed to the flusher for its fsync: no
+    /// append waits for a disk flush.
     fn rotate(&self, a: &mut Active) -> io::Result<()> {
-        a.file.sync_data()?;
         let file = new_segment(&self.shared.cfg.dir, a.seq + 1)?;
         a.seq += 1;
-        a.file = Arc::new(file);
+        let full = std::mem::replace(&mut a.file, Arc::new(file));
+        a.retired.push(full);
+        self.shared.flush.notify_one();
         a.len = MAGIC_LEN;
         a.unsynced = 0;
         a.first_unsynced = None;
@@ -571,7 +585,7 @@ fn flush_loop(s: &Shared) {
     let interval = s.cfg.fsync_interval;
     let mut a = s.lock();
     loop {
-        if a.unsynced == 0 {
+        if a.unsynced == 0 && a.retired.is_empty() {
             if a.closed {
                 return;
             }
@@ -580,7 +594,7 @@ fn flush_loop(s: &Shared) {
         }
         let due = a.first_unsynced.unwrap_or_else(Instant::now) + interval;
         let now = Instant::now();
-        if a.unsynced < s.cfg.fsync_records && now < due && !a.closed {
+        if a.retired.is_empty() && a.unsynced < s.cfg.fsync_records && now < due && !a.closed {
             a = s
                 .flush
                 .wait_timeout(a, due - now)
@@ -588,13 +602,19 @@ fn flush_loop(s: &Shared) {
                 .0;
             continue;
         }
-        let file = a.file.clone();
+        // Rolled-over segments first (older records), then the active one.
+        let mut files = std::mem::take(&mut a.retired);
+        if a.unsynced > 0 {
+            files.push(a.file.clone());
+        }
         a.unsynced = 0;
         a.first_unsynced = None;
         drop(a);
-        if let Err(e) = file.sync_data() {
-            s.io_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, "spool: fsync failed");
+        for file in files {
+            if let Err(e) = file.sync_data() {
+                s.io_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(error = %e, "spool: fsync failed");
+            }
         }
         a = s.lock();
     }

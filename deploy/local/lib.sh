@@ -263,6 +263,7 @@ zl_primary_env() {
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
   export ZLINK_MEMCACHED="$(zl_addr memcached)"
   export ZLINK_KAFKA="127.0.0.1:$(zl_port kafka)"
+  export ZLINK_RATE_LIMIT_EXEMPT="${ZLINK_RATE_LIMIT_EXEMPT:-$ZLINK_LOAD_GENERATOR}"
 }
 # A random secret created on first use and kept in the run dir (mode 600). The slug key
 # must never change while links exist, so it lives with the data, not in the environment.
@@ -319,6 +320,9 @@ ZL_TIMEOUT_replicator=60
 # or ZLINK_NGINX_LASTRESORT_<NAME> for a NAME of that tier's .budgets file
 # (e.g. ZLINK_NGINX_FRONTEND_REDIRECT_READ_TIMEOUT=300ms).
 zl_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
+# The address benchmarks and drills send from: exempt from every per-address rate limit
+# (nginx and primaries). Anything else from 127.0.0.0/8 (e.g. 127.0.0.2) is limited.
+ZLINK_LOAD_GENERATOR="${ZLINK_LOAD_GENERATOR:-127.0.0.1}"
 # NAME=VALUE arguments for every ZLINK_NGINX_<TIER>_<NAME> variable set in the environment.
 zl_nginx_overrides() {
   local tier="$1" var
@@ -341,7 +345,8 @@ zl_render_nginx() {
       done
       backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
-        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" "${overrides[@]}" >&2 || return 1
+        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
+        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "${overrides[@]}" >&2 || return 1
       ;;
     nginx-lastresort)
       mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
@@ -351,7 +356,8 @@ zl_render_nginx() {
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
         "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
-        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" "${overrides[@]}" >&2 || return 1
+        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
+        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;
   esac

@@ -49,10 +49,14 @@ pub struct Config {
     /// ...and how long it then stays skipped before one probe, milliseconds.
     #[arg(long, env = "ZLINK_MEMCACHED_BACKOFF_MS", default_value_t = 1000)]
     pub memcached_backoff_ms: u64,
-    #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
+    /// TTL of a link in this host's memcached, seconds. Nothing tells lastresort that a link
+    /// was taken down except S3, so this TTL plus --fresh-ttl-ms plus the replication lag is
+    /// how long a takedown takes to reach this rung: keep the sum under 5 s.
+    #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 2)]
     pub memcached_ttl_s: u32,
-    /// How long a found link is served from memory before S3 is asked again, milliseconds.
-    #[arg(long, env = "ZLINK_FRESH_TTL_MS", default_value_t = 5000)]
+    /// How long a found link is served from memory before memcached/S3 is asked again,
+    /// milliseconds (see --memcached-ttl-s).
+    #[arg(long, env = "ZLINK_FRESH_TTL_MS", default_value_t = 2000)]
     pub fresh_ttl_ms: u64,
     /// How long "no such object" is remembered, milliseconds.
     #[arg(long, env = "ZLINK_MISSING_TTL_MS", default_value_t = 1000)]

@@ -29,6 +29,15 @@ pub struct Target {
     pub exp: Option<i64>,
 }
 
+impl Target {
+    /// A value read from memcached is untrusted input: used only if it is what this service
+    /// would have written (a URL that is its own normal form, an allowed redirect code).
+    pub fn is_valid(&self) -> bool {
+        zlink_wire::link::is_redirect_code(self.code)
+            && zlink_wire::longurl::normalize(&self.url).is_ok_and(|n| n == self.url)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Answer {
     Found(Arc<Target>),
@@ -183,11 +192,19 @@ impl Lookup {
     async fn load(&self, slug: &str) -> Result<Answer, Unavailable> {
         if let Some(mc) = &self.memcached {
             match mc.get_json::<Target>(&self.mc_key(slug)).await {
-                Ok(Some(t)) => {
+                Ok(Some(t)) if t.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
                     let answer = Answer::Found(Arc::new(t));
                     self.stale.insert(slug.to_string(), answer.clone()).await;
                     return Ok(answer);
+                }
+                // Not a value of ours: a miss; S3's answer is what gets served.
+                Ok(Some(_)) => {
+                    self.metrics
+                        .memcached_errors
+                        .with_label_values(&["invalid_value"])
+                        .inc();
+                    tracing::warn!(slug = %slug, "memcached value failed validation; read S3");
                 }
                 Ok(None) => {}
                 Err(e) => self
@@ -251,7 +268,7 @@ impl Lookup {
     fn fill_memcached(&self, slug: &str, t: &Target) {
         let Some(mc) = &self.memcached else { return };
         let metrics = self.metrics.clone();
-        mc.set_json_in_background(
+        mc.fill_json_in_background(
             self.mc_key(slug),
             t,
             self.settings.memcached_ttl_s,

@@ -1,9 +1,10 @@
 //! The link API: create, read metadata, change status.
 
-use crate::app::AppState;
+use crate::app::{AppState, Limit};
+use crate::auth::Principal;
 use crate::error::{json_response, ApiError};
 use crate::http::Resp;
-use crate::store::{Link, OutboxRow};
+use crate::store::{DisabledBy, Link, OutboxRow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -40,7 +41,7 @@ pub fn effective_status(status: LinkStatus, expires_at_ms: Option<i64>, now_ms: 
     }
 }
 
-fn rfc3339(ms: i64) -> String {
+pub(crate) fn rfc3339(ms: i64) -> String {
     DateTime::<Utc>::from_timestamp_millis(ms)
         .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
         .unwrap_or_default()
@@ -57,6 +58,8 @@ fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
         "redirect_code": l.redirect_code,
         "owner": l.owner,
         "version": l.version,
+        // Whose disable this is: "admin" is a takedown, which only an admin can undo.
+        "disabled_by": l.disabled_by.as_ref().map(|d| if d.admin { "admin" } else { "owner" }),
     })
 }
 
@@ -77,7 +80,10 @@ pub fn link_event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
 }
 
 /// Reads a JSON body: Content-Type checked, size capped while reading, unknown fields refused.
-async fn read_json<T: DeserializeOwned>(req: Request<Incoming>, max: usize) -> Result<T, ApiError> {
+pub(crate) async fn read_json<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    max: usize,
+) -> Result<T, ApiError> {
     let is_json = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -153,10 +159,7 @@ fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError>
 
 /// `POST /api/v1/links`
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
-    let principal = state
-        .auth
-        .authenticate(req.headers().get(header::AUTHORIZATION))
-        .await?;
+    let principal = writer(state, &req).await?;
     let idem_key = idempotency_key(req.headers())?;
     let body: CreateRequest = read_json(req, state.settings.max_body_bytes).await?;
     let now = state.clock.now_ms();
@@ -226,6 +229,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         expires_at_ms,
         version: 1,
         idem: idem.clone(),
+        disabled_by: None,
     };
     // Written before the change they announce (see `relay`): a crash after the insert leaves
     // the outbox row, so the event is published whatever happens next.
@@ -274,16 +278,21 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     )))
 }
 
+/// The principal of a link write, admitted under the write limits: per client address before
+/// the key is even looked at, then per key.
+pub(crate) async fn writer<B>(state: &AppState, req: &Request<B>) -> Result<Principal, ApiError> {
+    state.admit_ip(Limit::WritesPerIp, state.client_ip(req))?;
+    let principal = state.principal(req).await?;
+    state.admit_write(&principal)?;
+    Ok(principal)
+}
+
 pub(crate) async fn load_managed(
     state: &AppState,
-    headers: &HeaderMap,
+    principal: &Principal,
     slug: &str,
     serial: bool,
 ) -> Result<Link, ApiError> {
-    let principal = state
-        .auth
-        .authenticate(headers.get(header::AUTHORIZATION))
-        .await?;
     if !slug::is_valid_slug(slug) {
         return Err(ApiError::NotFound);
     }
@@ -301,21 +310,20 @@ pub(crate) async fn load_managed(
 
 /// `GET /api/v1/links/{slug}`
 pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
-    let link = load_managed(state, req.headers(), slug, false).await?;
+    let principal = state.principal(&req).await?;
+    let link = load_managed(state, &principal, slug, false).await?;
     Ok(json_response(
         StatusCode::OK,
         &link_json(state, &link, state.clock.now_ms()),
     ))
 }
 
-/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`
+/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`. An admin's disable
+/// is a takedown: it records the admin's key, and only an admin can re-enable the link. When
+/// this answers, memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
 pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
-    // Authenticate before reading the body.
-    state
-        .auth
-        .authenticate(req.headers().get(header::AUTHORIZATION))
-        .await?;
-    let headers = req.headers().clone();
+    // Authenticate (and limit) before reading the body.
+    let principal = writer(state, &req).await?;
     let body: PatchRequest = read_json(req, state.settings.max_body_bytes).await?;
     let to = match body.status.parse::<LinkStatus>() {
         Ok(LinkStatus::Expired) => {
@@ -333,7 +341,7 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
         }
     };
     // A linearizable read, so the compare-and-set below starts from the latest version.
-    let link = load_managed(state, &headers, slug, true).await?;
+    let link = load_managed(state, &principal, slug, true).await?;
     let now = state.clock.now_ms();
     let current = effective_status(link.status, link.expires_at_ms, now);
     if !current.can_become(to) {
@@ -342,13 +350,30 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
             format!("a {current} link cannot become {to}"),
         ));
     }
+    let taken_down = link.disabled_by.as_ref().is_some_and(|d| d.admin);
+    if to == LinkStatus::Active && taken_down && !principal.admin {
+        return Err(ApiError::ForbiddenBecause(
+            "taken_down",
+            "an administrator disabled this link; only an administrator can enable it".into(),
+        ));
+    }
+    let disabled_by = (to == LinkStatus::Disabled).then(|| DisabledBy {
+        admin: principal.admin,
+        key_id: principal.key_id.clone(),
+    });
     if state.events.uses_outbox() {
         let row = OutboxRow::new(&link.slug, now, link.version + 1);
         state.store.outbox_add(&row).await?;
     }
     if !state
         .store
-        .transition(&link.slug, link.status, link.version, to)
+        .transition(
+            &link.slug,
+            link.status,
+            link.version,
+            to,
+            disabled_by.as_ref(),
+        )
         .await?
     {
         return Err(ApiError::Conflict(
@@ -359,16 +384,27 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
     let updated = Link {
         status: to,
         version: link.version + 1,
+        disabled_by,
         ..link
     };
-    state.cache.invalidate(&updated.slug).await;
+    state
+        .cache
+        .changed(&updated.slug, &crate::cache::CachedLink::from(&updated))
+        .await;
     let kind = if to == LinkStatus::Disabled {
         LinkEventKind::Disabled
     } else {
         LinkEventKind::Enabled
     };
     state.events.link_changed(link_event(kind, &updated, now));
-    tracing::info!(slug = %updated.slug, status = %to, version = updated.version, "link status changed");
+    tracing::info!(
+        slug = %updated.slug,
+        status = %to,
+        version = updated.version,
+        by = %principal.key_id,
+        admin = principal.admin,
+        "link status changed"
+    );
     Ok(json_response(
         StatusCode::OK,
         &link_json(state, &updated, now),

@@ -1,16 +1,20 @@
 //! Everything a request handler needs, built once at start.
 
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, Principal};
 use crate::cache::{CacheSettings, RedirectCache};
 use crate::clickstats::ClickStore;
 use crate::clock::Clock;
 use crate::config::ServeConfig;
+use crate::error::ApiError;
 use crate::events::EventSink;
+use crate::http::Peer;
 use crate::ids::IdAllocator;
+use crate::limits::{retry_after_secs, Limiter, Limits};
 use crate::memcache::Memcache;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use http::HeaderValue;
+use http::{HeaderValue, Request};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::breaker::Breaker;
@@ -34,6 +38,8 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub cache: RedirectCache,
     pub ids: IdAllocator,
+    /// The auto-slug IDs handed out so far (random-slug scans never reach the store).
+    pub issued: crate::ids::IssuedIds,
     pub codec: SlugCodec,
     pub auth: Authenticator,
     pub events: Arc<dyn EventSink>,
@@ -45,6 +51,27 @@ pub struct AppState {
     pub info_totals: moka::future::Cache<String, (i64, i64)>,
     /// Which destinations links may have.
     pub destinations: crate::policy::Destinations,
+    /// Rate limits per key and per client address.
+    pub limits: Limits,
+}
+
+/// Which per-address rate limit a request is checked against.
+#[derive(Debug, Clone, Copy)]
+pub enum Limit {
+    WritesPerIp,
+    InfoPerIp,
+    UnknownKeysPerIp,
+}
+
+impl Limit {
+    /// The metric label.
+    fn label(self) -> &'static str {
+        match self {
+            Limit::WritesPerIp => "writes_per_ip",
+            Limit::InfoPerIp => "info_per_ip",
+            Limit::UnknownKeysPerIp => "unknown_keys_per_ip",
+        }
+    }
 }
 
 impl AppState {
@@ -102,10 +129,20 @@ impl AppState {
             cfg.deny_hosts_file.clone(),
             cfg.allow_hosts_file.clone(),
         )?;
+        // Bounded: an address or key idle long enough to refill is forgotten anyway.
+        let limits = Limits {
+            writes_per_key: Limiter::new(cfg.limit_writes_per_key, 100_000),
+            writes_per_ip: Limiter::new(cfg.limit_writes_per_ip, 100_000),
+            info_per_ip: Limiter::new(cfg.limit_info_per_ip, 100_000),
+            unknown_keys_per_ip: Limiter::new(cfg.limit_unknown_keys_per_ip, 100_000),
+            exempt: cfg.rate_limit_exempt.clone(),
+        };
         Ok(Arc::new(AppState {
+            limits,
             destinations,
             settings,
             ids: IdAllocator::new(store.clone(), cfg.id_block_size),
+            issued: crate::ids::IssuedIds::new(store.clone()),
             codec: SlugCodec::new(cfg.slug_key.0.as_bytes()),
             auth: Authenticator::new(store.clone()),
             cache,
@@ -119,5 +156,58 @@ impl AppState {
                 .time_to_live(Duration::from_secs(5))
                 .build(),
         }))
+    }
+}
+
+impl AppState {
+    /// The client's address: X-Forwarded-For of a trusted proxy, else the TCP peer.
+    pub fn client_ip<B>(&self, req: &Request<B>) -> IpAddr {
+        let peer = req
+            .extensions()
+            .get::<Peer>()
+            .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
+        self.settings.trusted_proxies.client(peer, req.headers())
+    }
+
+    /// Admits one request from `ip` under a per-address limit (exempt addresses always pass).
+    pub fn admit_ip(&self, limit: Limit, ip: IpAddr) -> Result<(), ApiError> {
+        if self.limits.exempt.contains(ip) {
+            return Ok(());
+        }
+        let limiter = match limit {
+            Limit::WritesPerIp => &self.limits.writes_per_ip,
+            Limit::InfoPerIp => &self.limits.info_per_ip,
+            Limit::UnknownKeysPerIp => &self.limits.unknown_keys_per_ip,
+        };
+        limiter
+            .check(ip.to_canonical())
+            .map_err(|wait| self.limited(limit.label(), wait))
+    }
+
+    /// Admits one link write by `principal` (admin keys are not limited).
+    pub fn admit_write(&self, principal: &Principal) -> Result<(), ApiError> {
+        if principal.admin {
+            return Ok(());
+        }
+        self.limits
+            .writes_per_key
+            .check(principal.key_id.clone())
+            .map_err(|wait| self.limited("writes_per_key", wait))
+    }
+
+    fn limited(&self, label: &str, wait: std::time::Duration) -> ApiError {
+        self.metrics.rate_limited.with_label_values(&[label]).inc();
+        ApiError::RateLimited(retry_after_secs(wait))
+    }
+
+    /// The caller's principal from the `Authorization` header (401 if none); a token not yet
+    /// known here is first admitted under the per-address limit on unknown tokens.
+    pub async fn principal<B>(&self, req: &Request<B>) -> Result<Principal, ApiError> {
+        let ip = self.client_ip(req);
+        self.auth
+            .authenticate(req.headers().get(http::header::AUTHORIZATION), || {
+                self.admit_ip(Limit::UnknownKeysPerIp, ip)
+            })
+            .await
     }
 }

@@ -1,17 +1,17 @@
 //! API keys: generation, hashing, and bearer-token authentication with a short-lived cache.
 //!
 //! A key is `zl_<16 hex id>_<64 hex secret>`; only SHA-256 of the whole key is stored. Lookups
-//! are cached in-process (30 s for known keys, 5 s for unknown ones), so revocation takes effect
-//! within 30 s and a flood of bad keys does not become a flood of store reads.
+//! are cached in-process for 5 s (known and unknown keys alike), so a revocation takes effect on
+//! every primary within 5 s (at once on the one that revoked it), and a flood of bad keys does
+//! not become a flood of store reads (unknown tokens are also limited per client address).
 
 use crate::error::ApiError;
 use crate::store::Store;
 use moka::future::Cache;
-use moka::Expiry;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -53,21 +53,12 @@ pub fn validate_owner(owner: &str) -> Result<(), String> {
     }
 }
 
-struct AuthTtl;
+/// How long a key lookup (found or not) is trusted: the bound on revocation across primaries.
+pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
 
-impl Expiry<String, Option<Principal>> for AuthTtl {
-    fn expire_after_create(
-        &self,
-        _: &String,
-        v: &Option<Principal>,
-        _: Instant,
-    ) -> Option<Duration> {
-        Some(if v.is_some() {
-            Duration::from_secs(30)
-        } else {
-            Duration::from_secs(5)
-        })
-    }
+/// A key id as generated: 16 lowercase hex digits.
+pub fn is_key_id(s: &str) -> bool {
+    s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 pub struct Authenticator {
@@ -81,15 +72,24 @@ impl Authenticator {
             store,
             cache: Cache::builder()
                 .max_capacity(10_000)
-                .expire_after(AuthTtl)
+                .time_to_live(KEY_CACHE_TTL)
                 .build(),
         }
     }
 
-    /// Resolves an `Authorization` header value to a principal, or 401.
+    /// Forgets a key in this process (after revoking it here).
+    pub async fn forget(&self, key_hash: &str) {
+        self.cache.invalidate(key_hash).await;
+    }
+
+    /// Resolves an `Authorization` header value to a principal, or 401. A token this process
+    /// does not know yet (positively or negatively) needs a store read: `admit` is asked
+    /// first (the per-address limit on unknown tokens), so random tokens cannot become a flood
+    /// of store reads.
     pub async fn authenticate(
         &self,
         header: Option<&http::HeaderValue>,
+        admit: impl FnOnce() -> Result<(), ApiError>,
     ) -> Result<Principal, ApiError> {
         let token = header
             .and_then(|h| h.to_str().ok())
@@ -100,6 +100,10 @@ impl Authenticator {
             })
             .ok_or(ApiError::Unauthorized)?;
         let hash = hash_key(token);
+        if let Some(known) = self.cache.get(&hash).await {
+            return known.ok_or(ApiError::Unauthorized);
+        }
+        admit()?;
         let store = self.store.clone();
         let found = self
             .cache

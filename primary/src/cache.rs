@@ -186,7 +186,7 @@ impl RedirectCache {
     fn fill_memcached(&self, slug: &str, link: &CachedLink) {
         let Some(mc) = &self.memcached else { return };
         let metrics = self.metrics.clone();
-        mc.set_json_in_background(
+        mc.fill_json_in_background(
             self.mc_key(slug),
             link,
             self.settings.memcached_ttl_s,
@@ -204,17 +204,40 @@ impl RedirectCache {
         self.local.invalidate(slug).await;
     }
 
-    /// Forgets a slug in this instance and in memcached (after a create or a status change).
-    pub async fn invalidate(&self, slug: &str) {
+    /// After a status change: this instance forgets the slug and memcached gets the new value
+    /// (`set`) before the PATCH answers. Fills use `add`, so a fill that read the old row
+    /// before the change and lands after this write cannot put the old answer back (the race
+    /// test in tests/tests/security.rs). If memcached cannot be written now, the key is deleted
+    /// in the background until memcached takes it (a delete is always safe to repeat; an old
+    /// `set` would not be), so a stale value outlives an outage by at most one retry.
+    pub async fn changed(&self, slug: &str, link: &CachedLink) {
         self.local.invalidate(slug).await;
-        if let Some(mc) = &self.memcached {
-            if let Err(e) = mc.delete(&self.mc_key(slug)).await {
-                self.metrics
-                    .memcached_errors
-                    .with_label_values(&[e.kind()])
-                    .inc();
+        let Some(mc) = &self.memcached else { return };
+        let key = self.mc_key(slug);
+        let Err(e) = mc.set_json(&key, link, self.settings.memcached_ttl_s).await else {
+            return;
+        };
+        self.metrics
+            .memcached_errors
+            .with_label_values(&[e.kind()])
+            .inc();
+        tracing::warn!(slug = ?slug, error = %e, "memcached not updated after a change; deleting in the background");
+        let (mc, metrics) = (mc.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            let mut wait = Duration::from_millis(100);
+            for _ in 0..60 {
+                tokio::time::sleep(wait).await;
+                match mc.delete(&key).await {
+                    Ok(()) => return,
+                    Err(e) => metrics
+                        .memcached_errors
+                        .with_label_values(&[e.kind()])
+                        .inc(),
+                }
+                wait = (wait * 2).min(Duration::from_secs(2));
             }
-        }
+            tracing::error!(key = ?key, "gave up deleting a changed link from memcached; it expires with its TTL");
+        });
     }
 }
 

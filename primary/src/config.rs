@@ -131,6 +131,29 @@ pub struct ServeConfig {
     /// purpose); same format. Never overrides the deny list or the own-domain rule.
     #[arg(long, env = "ZLINK_ALLOW_HOSTS_FILE")]
     pub allow_hosts_file: Option<std::path::PathBuf>,
+    /// Link writes (create, status change) per API key: `RATE/UNIT[:BURST]` (e.g. `10/s:50`,
+    /// `600/m`) or `off`. Admin keys are not limited. Excess requests get 429 + Retry-After.
+    /// Limits are per process (see ARCHITECTURE.md, "Abuse limits").
+    #[arg(long, env = "ZLINK_LIMIT_WRITES_PER_KEY", default_value = "10/s:50")]
+    pub limit_writes_per_key: crate::limits::RateSpec,
+    /// Link writes per client address (from X-Forwarded-For of a trusted proxy, else the peer).
+    #[arg(long, env = "ZLINK_LIMIT_WRITES_PER_IP", default_value = "20/s:100")]
+    pub limit_writes_per_ip: crate::limits::RateSpec,
+    /// Public info pages (`/{slug}+`) per client address.
+    #[arg(long, env = "ZLINK_LIMIT_INFO_PER_IP", default_value = "20/s:100")]
+    pub limit_info_per_ip: crate::limits::RateSpec,
+    /// Bearer tokens not already known to this process (each costs a store read) per client
+    /// address; checked before the store is asked.
+    #[arg(
+        long,
+        env = "ZLINK_LIMIT_UNKNOWN_KEYS_PER_IP",
+        default_value = "2/s:20"
+    )]
+    pub limit_unknown_keys_per_ip: crate::limits::RateSpec,
+    /// Client addresses no per-address limit applies to (CIDRs, comma-separated): e.g. the
+    /// load generator of benchmarks and drills.
+    #[arg(long, env = "ZLINK_RATE_LIMIT_EXEMPT", default_value = "")]
+    pub rate_limit_exempt: zlink_clients::clicks::TrustedProxies,
 
     #[command(flatten)]
     pub store: StoreConfig,

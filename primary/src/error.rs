@@ -17,6 +17,8 @@ pub enum ApiError {
     Unauthorized,
     #[error("this API key may not access this link")]
     Forbidden,
+    #[error("{1}")]
+    ForbiddenBecause(&'static str, String),
     #[error("not found")]
     NotFound,
     #[error("this link has been disabled or has expired")]
@@ -29,6 +31,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("method not allowed")]
     MethodNotAllowed(&'static str),
+    #[error("too many requests; retry after {0} s")]
+    RateLimited(u64),
     // A dependency's fault: a retry later may help.
     #[error("a dependency is unavailable, retry later")]
     Unavailable(#[source] StoreError),
@@ -45,13 +49,14 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Invalid(..) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Forbidden | ApiError::ForbiddenBecause(..) => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Gone => StatusCode::GONE,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -60,7 +65,9 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::BadRequest(_) => "bad_request",
-            ApiError::Invalid(code, _) | ApiError::Conflict(code, _) => code,
+            ApiError::Invalid(code, _)
+            | ApiError::Conflict(code, _)
+            | ApiError::ForbiddenBecause(code, _) => code,
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden => "forbidden",
             ApiError::NotFound => "not_found",
@@ -68,6 +75,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::RateLimited(_) => "rate_limited",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Timeout => "timeout",
             ApiError::Internal(_) => "internal",
@@ -88,6 +96,10 @@ impl ApiError {
         if let ApiError::MethodNotAllowed(allow) = self {
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if let ApiError::RateLimited(secs) = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if matches!(self, ApiError::Unauthorized) {
             resp.headers_mut()

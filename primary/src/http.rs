@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError};
-use crate::{api, redirect, stats};
+use crate::{api, keys, redirect, stats};
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -31,6 +31,8 @@ pub enum Route<'a> {
     Metrics,
     Links,
     Link(&'a str),
+    Keys,
+    Key(&'a str),
     LinkStats(&'a str),
     Redirect(&'a str),
     Info(&'a str),
@@ -45,7 +47,13 @@ impl<'a> Route<'a> {
             "/readyz" => Route::Readyz,
             "/metrics" => Route::Metrics,
             "/api/v1/links" => Route::Links,
+            "/api/v1/keys" => Route::Keys,
             _ => {
+                if let Some(id) = path.strip_prefix("/api/v1/keys/") {
+                    if !id.contains('/') {
+                        return Route::Key(id);
+                    }
+                }
                 if let Some(rest) = path.strip_prefix("/api/v1/links/") {
                     if !rest.contains('/') {
                         return Route::Link(rest);
@@ -80,6 +88,8 @@ impl<'a> Route<'a> {
             Route::Metrics => "metrics",
             Route::Links => "links",
             Route::Link(_) => "link",
+            Route::Keys => "keys",
+            Route::Key(_) => "key",
             Route::LinkStats(_) => "link_stats",
             Route::Redirect(_) => "redirect",
             Route::Info(_) => "info",
@@ -114,9 +124,13 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
         (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
         (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH")),
-        (Route::LinkStats(slug), &Method::GET) => stats::api(&state, req.headers(), slug).await,
+        (Route::Keys, &Method::POST) => keys::create(&state, req).await,
+        (Route::Keys, _) => Err(ApiError::MethodNotAllowed("POST")),
+        (Route::Key(id), &Method::DELETE) => keys::revoke(&state, req, id).await,
+        (Route::Key(_), _) => Err(ApiError::MethodNotAllowed("DELETE")),
+        (Route::LinkStats(slug), &Method::GET) => stats::api(&state, &req, slug).await,
         (Route::LinkStats(_), _) => Err(ApiError::MethodNotAllowed("GET")),
-        (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, slug).await,
+        (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, &req, slug).await,
         (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Redirect(slug), &Method::GET | &Method::HEAD) => {
             Ok(redirect::redirect(&state, &req, slug).await)
@@ -288,6 +302,9 @@ mod tests {
             ("/api/v1/links", Links),
             ("/api/v1/links/abc", Link("abc")),
             ("/api/v1/links/abc/stats", LinkStats("abc")),
+            ("/api/v1/keys", Keys),
+            ("/api/v1/keys/0123456789abcdef", Key("0123456789abcdef")),
+            ("/api/v1/keys/a/b", ApiNotFound),
             ("/api/v1/links/abc/stats/x", ApiNotFound),
             ("/api/v1/links/a/b/stats", ApiNotFound),
             ("/api/v2/x", ApiNotFound),

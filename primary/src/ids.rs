@@ -5,7 +5,9 @@
 
 use crate::store::{Store, StoreError};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::Mutex;
 
 const COUNTER: &str = "auto";
@@ -33,5 +35,46 @@ impl IdAllocator {
         let id = cur.start;
         cur.start += 1;
         Ok(id)
+    }
+}
+
+/// Which auto-slug IDs have been handed out, so that a scan of random auto-shaped slugs is
+/// answered 404 without a store read per slug: an auto slug decodes to its ID, and an ID at
+/// or past the counter's high-water mark cannot belong to any link (custom slugs never have
+/// the auto shape). The mark only grows. A slug past the mark this process knows triggers
+/// one re-read of the counter, unless a re-read that started after the request arrived has
+/// already answered: re-reads run one at a time, so a scan costs at most one store read in
+/// flight per primary instead of one per request, and a link created a moment ago on another
+/// primary (its block leased before its create answered) is never refused.
+pub struct IssuedIds {
+    store: Arc<Store>,
+    mark: AtomicU64,
+    /// When the latest re-read started.
+    reread: Mutex<Option<Instant>>,
+}
+
+impl IssuedIds {
+    pub fn new(store: Arc<Store>) -> Self {
+        Self {
+            store,
+            mark: AtomicU64::new(0),
+            reread: Mutex::new(None),
+        }
+    }
+
+    /// Whether `id` may have been handed out. Errors only when the counter had to be re-read
+    /// and the store failed.
+    pub async fn may_exist(&self, id: u64) -> Result<bool, StoreError> {
+        if id < self.mark.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let arrived = Instant::now();
+        let mut last = self.reread.lock().await;
+        if last.is_none_or(|started| started < arrived) {
+            *last = Some(Instant::now());
+            let leased = self.store.ids_leased(COUNTER).await?;
+            self.mark.fetch_max(leased, Ordering::AcqRel);
+        }
+        Ok(id < self.mark.load(Ordering::Acquire))
     }
 }

@@ -11,6 +11,8 @@
 //! - [`store`]: every CQL statement, LWTs, schema migration.
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
+//! - [`keys`]: `POST /api/v1/keys`, `DELETE /api/v1/keys/{id}` (admin).
+//! - [`limits`]: rate limits (token buckets per API key and per client address).
 //! - [`events`]: the seam where link and click events leave the process.
 //! - [`relay`]: link events to Kafka through the outbox; the expiry scheduler.
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
@@ -33,6 +35,8 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod ids;
+pub mod keys;
+pub mod limits;
 pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod ops;

@@ -23,6 +23,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
+    /// Requests refused by a rate limit (429), by limit.
+    pub rate_limited: IntCounterVec,
     /// Click spool and replay.
     pub clicks: zlink_clients::clicks::ClickMetrics,
     /// Circuit breakers (store, memcached): state, transitions, calls refused, timeouts.
@@ -80,8 +82,17 @@ impl Metrics {
             "Kafka publish failures (retried from the outbox)",
         )
         .expect("valid metric");
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "rate_limited_total",
+                "Requests refused by a rate limit, by limit",
+            ),
+            &["limit"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(rate_limited.clone()),
             Box::new(requests.clone()),
             Box::new(redirect_seconds.clone()),
             Box::new(lookups.clone()),
@@ -108,6 +119,7 @@ impl Metrics {
             memcached_errors,
             events,
             publish_errors,
+            rate_limited,
         }
     }
 

@@ -36,6 +36,25 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     if !slug::is_valid_slug(slug) {
         return ApiError::NotFound.into_response();
     }
+    // An auto-shaped slug whose ID was never handed out cannot exist either (scans).
+    if slug::is_auto_shape(slug) {
+        let may_exist = match state.codec.decode(slug) {
+            Some(id) => state.issued.may_exist(id).await,
+            None => Ok(false),
+        };
+        match may_exist {
+            Ok(true) => {}
+            Ok(false) => {
+                state
+                    .metrics
+                    .lookups
+                    .with_label_values(&["never_issued"])
+                    .inc();
+                return ApiError::NotFound.into_response();
+            }
+            Err(e) => return ApiError::from(e).into_response(),
+        }
+    }
     let link = match state.cache.resolve(slug).await {
         Ok(Lookup::Found(link)) => link,
         Ok(Lookup::Missing) => return ApiError::NotFound.into_response(),
@@ -75,8 +94,7 @@ fn click<B>(state: &AppState, req: &Request<B>, slug: &str, now_ms: i64) -> Clic
     let peer = req
         .extensions()
         .get::<Peer>()
-        .map(|p| p.0.ip())
-        .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
     let origin = state
         .settings
         .trusted_proxies

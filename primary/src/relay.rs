@@ -164,7 +164,13 @@ impl Relay {
                 self.store.outbox_add(&row).await?;
                 if self
                     .store
-                    .transition(&slug, LinkStatus::Active, link.version, LinkStatus::Expired)
+                    .transition(
+                        &slug,
+                        LinkStatus::Active,
+                        link.version,
+                        LinkStatus::Expired,
+                        None,
+                    )
                     .await?
                 {
                     let updated = Link {

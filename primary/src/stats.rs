@@ -2,12 +2,12 @@
 //! info page `GET /{slug}+` (destination, creation date, click count; no click recorded).
 
 use crate::api::{effective_status, load_managed};
-use crate::app::AppState;
+use crate::app::{AppState, Limit};
 use crate::clickstats::{day_of, ClickStore};
 use crate::error::{json_response, ApiError};
 use crate::http::Resp;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::Full;
 use std::sync::Arc;
 use zlink_wire::blob::escape_html;
@@ -26,8 +26,9 @@ async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
 }
 
 /// `GET /api/v1/links/{slug}/stats`
-pub async fn api(state: &AppState, headers: &HeaderMap, slug: &str) -> Result<Resp, ApiError> {
-    let link = load_managed(state, headers, slug, false).await?;
+pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
+    let principal = state.principal(req).await?;
+    let link = load_managed(state, &principal, slug, false).await?;
     let stats = click_store(state).await?.link_stats(&link.slug).await?;
     let today = day_of(state.clock.now_ms());
     Ok(json_response(
@@ -37,10 +38,11 @@ pub async fn api(state: &AppState, headers: &HeaderMap, slug: &str) -> Result<Re
 }
 
 /// `GET|HEAD /{slug}+`: a small HTML page; 404/410 like the redirect itself.
-pub async fn info(state: &AppState, slug: &str) -> Result<Resp, ApiError> {
+pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     if !slug::is_valid_slug(slug) {
         return Err(ApiError::NotFound);
     }
+    state.admit_ip(Limit::InfoPerIp, state.client_ip(req))?;
     let link = state
         .store
         .get_link(slug)

@@ -63,6 +63,36 @@ pub struct Link {
     pub version: i64,
     /// Hash of (owner, Idempotency-Key) of the request that created the link.
     pub idem: Option<String>,
+    /// Who disabled the link (see [`DisabledBy`]); `None` while it is active.
+    pub disabled_by: Option<DisabledBy>,
+}
+
+/// Who disabled a link. An admin's disable is a takedown: only an admin can undo it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisabledBy {
+    pub admin: bool,
+    pub key_id: String,
+}
+
+impl DisabledBy {
+    /// Stored as `admin:<key id>` or `owner:<key id>`.
+    pub fn to_column(&self) -> String {
+        let role = if self.admin { "admin" } else { "owner" };
+        format!("{role}:{}", self.key_id)
+    }
+
+    pub fn from_column(s: &str) -> Option<Self> {
+        let (role, key_id) = s.split_once(':')?;
+        let admin = match role {
+            "admin" => true,
+            "owner" => false,
+            _ => return None,
+        };
+        Some(DisabledBy {
+            admin,
+            key_id: key_id.to_string(),
+        })
+    }
 }
 
 #[derive(DeserializeRow)]
@@ -76,6 +106,7 @@ struct LinkRow {
     expires_at: Option<CqlTimestamp>,
     version: i64,
     idem: Option<String>,
+    disabled_by: Option<String>,
 }
 
 impl TryFrom<LinkRow> for Link {
@@ -93,6 +124,12 @@ impl TryFrom<LinkRow> for Link {
                     r.slug, r.redirect_code
                 ))
             })?;
+        let disabled_by = match r.disabled_by.as_deref() {
+            None | Some("") => None,
+            Some(d) => Some(DisabledBy::from_column(d).ok_or_else(|| {
+                StoreError::Corrupt(format!("link {:?} has disabled_by {d:?}", r.slug))
+            })?),
+        };
         Ok(Link {
             slug: r.slug,
             url: r.url,
@@ -103,6 +140,7 @@ impl TryFrom<LinkRow> for Link {
             expires_at_ms: r.expires_at.map(|t| t.0),
             version: r.version,
             idem: r.idem,
+            disabled_by,
         })
     }
 }
@@ -124,10 +162,14 @@ struct Statements {
     claim_idem: PreparedStatement,
     get_idem_serial: PreparedStatement,
     get_block_serial: PreparedStatement,
+    get_block: PreparedStatement,
     init_block: PreparedStatement,
     cas_block: PreparedStatement,
     get_key: PreparedStatement,
     insert_key: PreparedStatement,
+    insert_key_id: PreparedStatement,
+    get_key_hash: PreparedStatement,
+    revoke_key: PreparedStatement,
     ping: PreparedStatement,
     outbox_add: PreparedStatement,
     outbox_scan: PreparedStatement,
@@ -198,7 +240,11 @@ struct Guard {
 }
 
 const LINK_COLUMNS: &str =
-    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem";
+    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem, disabled_by";
+
+/// Columns added to a table after its first release: (table, column, type). `migrate` adds
+/// each one an existing table lacks; the schema file's CREATE TABLE already has them.
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("links", "disabled_by", "text")];
 
 async fn connect(cfg: &StoreConfig, keyspace: Option<&str>) -> Result<Session, StoreError> {
     let profile = ExecutionProfile::builder()
@@ -242,10 +288,45 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
             .await
             .map_err(unavailable)?;
     }
+    for (table, column, kind) in ADDED_COLUMNS {
+        let res = session
+            .query_unpaged(
+                "SELECT column_name FROM system_schema.columns \
+                 WHERE keyspace_name = ? AND table_name = ? AND column_name = ?",
+                (&cfg.keyspace, table, column),
+            )
+            .await
+            .map_err(unavailable)?;
+        if first::<(String,)>(res)?.is_none() {
+            tracing::info!(table, column, "adding a column to an existing table");
+            // Names are constants of ours, never input.
+            session
+                .query_unpaged(format!("ALTER TABLE {table} ADD {column} {kind}"), &[])
+                .await
+                .map_err(unavailable)?;
+        }
+    }
     session
         .await_schema_agreement()
         .await
         .map_err(unavailable)?;
+    // Keys created before api_key_ids existed get their id row (a handful of rows; idempotent).
+    // Unpaged: the key table is small (one row per issued key).
+    let keys = session
+        .query_unpaged("SELECT key_hash, key_id FROM api_keys", &[])
+        .await
+        .map_err(unavailable)?;
+    for (hash, id) in all::<(String, Option<String>)>(keys)? {
+        if let Some(id) = id {
+            session
+                .query_unpaged(
+                    "INSERT INTO api_key_ids (key_id, key_hash) VALUES (?, ?)",
+                    (id, hash),
+                )
+                .await
+                .map_err(unavailable)?;
+        }
+    }
     // The expiry scheduler starts at the hour the schema was created: every expiry ever
     // written lies after it.
     let now_ms = std::time::SystemTime::now()
@@ -368,13 +449,13 @@ impl Store {
             get_link: prep(format!("SELECT {LINK_COLUMNS} FROM links WHERE slug = ?"), true, false).await?,
             get_link_serial: prep(format!("SELECT {LINK_COLUMNS} FROM links WHERE slug = ?"), true, true).await?,
             insert_link: prep(
-                format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
+                format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
                 false,
                 false,
             )
             .await?,
             update_status: prep(
-                "UPDATE links SET status = ?, version = ? WHERE slug = ? IF status = ? AND version = ?".into(),
+                "UPDATE links SET status = ?, version = ?, disabled_by = ? WHERE slug = ? IF status = ? AND version = ?".into(),
                 false,
                 false,
             )
@@ -394,6 +475,7 @@ impl Store {
             )
             .await?,
             get_block_serial: prep("SELECT next_id FROM id_blocks WHERE name = ?".into(), true, true).await?,
+            get_block: prep("SELECT next_id FROM id_blocks WHERE name = ?".into(), true, false).await?,
             init_block: prep(
                 "INSERT INTO id_blocks (name, next_id) VALUES (?, ?) IF NOT EXISTS".into(),
                 false,
@@ -412,6 +494,24 @@ impl Store {
                 "INSERT INTO api_keys (key_hash, key_id, owner, role, created_at, revoked) \
                  VALUES (?, ?, ?, ?, ?, false)"
                     .into(),
+                true,
+                false,
+            )
+            .await?,
+            insert_key_id: prep(
+                "INSERT INTO api_key_ids (key_id, key_hash) VALUES (?, ?)".into(),
+                true,
+                false,
+            )
+            .await?,
+            get_key_hash: prep(
+                "SELECT key_hash FROM api_key_ids WHERE key_id = ?".into(),
+                true,
+                false,
+            )
+            .await?,
+            revoke_key: prep(
+                "UPDATE api_keys SET revoked = true WHERE key_hash = ?".into(),
                 true,
                 false,
             )
@@ -561,20 +661,30 @@ impl Store {
             link.expires_at_ms.map(CqlTimestamp),
             link.version,
             &link.idem,
+            link.disabled_by.as_ref().map(DisabledBy::to_column),
         );
         applied(self.exec(&self.st.insert_link, values).await?)
     }
 
-    /// Moves a link from (`from`, `version`) to (`to`, `version + 1`). False if the link was not
-    /// in exactly that state (changed concurrently, or never was).
+    /// Moves a link from (`from`, `version`) to (`to`, `version + 1`), recording who disabled
+    /// it (`None` clears it). False if the link was not in exactly that state (changed
+    /// concurrently, or never was).
     pub async fn transition(
         &self,
         slug: &str,
         from: LinkStatus,
         version: i64,
         to: LinkStatus,
+        disabled_by: Option<&DisabledBy>,
     ) -> Result<bool, StoreError> {
-        let values = (to.as_str(), version + 1, slug, from.as_str(), version);
+        let values = (
+            to.as_str(),
+            version + 1,
+            disabled_by.map(DisabledBy::to_column),
+            slug,
+            from.as_str(),
+            version,
+        );
         applied(self.exec(&self.st.update_status, values).await?)
     }
 
@@ -602,6 +712,16 @@ impl Store {
     }
 
     /// Leases `[start, start + n)` from the shared counter `name` with compare-and-set.
+    /// The first ID of counter `name` not yet leased (0: none leased), as of a quorum read;
+    /// within the redirect's read budget when the store is guarded.
+    pub async fn ids_leased(&self, name: &str) -> Result<u64, StoreError> {
+        let budget = self.guard.as_ref().map(|g| g.read_budget);
+        let res = self
+            .exec_within(&self.st.get_block, (name,), budget)
+            .await?;
+        Ok(first::<(i64,)>(res)?.map_or(0, |(n,)| u64::try_from(n).unwrap_or(0)))
+    }
+
     pub async fn lease_ids(&self, name: &str, n: u64) -> Result<std::ops::Range<u64>, StoreError> {
         let n_i = i64::try_from(n).map_err(|_| StoreError::Corrupt("block size".into()))?;
         // Bounded: only concurrent leases by other instances make a round lose.
@@ -646,9 +766,29 @@ impl Store {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         let role = if admin { "admin" } else { "owner" };
+        // The id row first: a key that exists can always be found by its id to be revoked.
+        self.exec(&self.st.insert_key_id, (key_id, key_hash))
+            .await?;
         let values = (key_hash, key_id, owner, role, CqlTimestamp(now_ms));
         self.exec(&self.st.insert_key, values).await?;
         Ok(())
+    }
+
+    /// Revokes the key with public id `key_id`. Returns its hash and its record as it was
+    /// (`None`: no such key). Revoking twice is harmless.
+    pub async fn revoke_api_key(
+        &self,
+        key_id: &str,
+    ) -> Result<Option<(String, ApiKeyRecord)>, StoreError> {
+        let res = self.exec(&self.st.get_key_hash, (key_id,)).await?;
+        let Some((hash,)) = first::<(String,)>(res)? else {
+            return Ok(None);
+        };
+        let Some(rec) = self.get_api_key(&hash).await? else {
+            return Ok(None);
+        };
+        self.exec(&self.st.revoke_key, (&hash,)).await?;
+        Ok(Some((hash, rec)))
     }
 }
 
@@ -807,7 +947,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 11);
+        assert_eq!(stmts.len(), 12);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -143,6 +143,14 @@ pub async fn spawn_primary(
     if extra.contains(&"--kafka") && !extra.contains(&"--ip-hash-salt") {
         argv.extend(["--ip-hash-salt".into(), "test-salt-16-bytes-min".into()]);
     }
+    // Tests send from 127.0.0.1 and create links in bursts: that address is the exempt load
+    // generator and per-key limits are off, unless the test sets them (tests/security.rs).
+    if !extra.contains(&"--rate-limit-exempt") {
+        argv.extend(["--rate-limit-exempt".into(), "127.0.0.1".into()]);
+    }
+    if !extra.contains(&"--limit-writes-per-key") {
+        argv.extend(["--limit-writes-per-key".into(), "off".into()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
     let cfg = match clap::Parser::try_parse_from(argv).expect("valid flags") {
         Cli {
@@ -1022,6 +1030,10 @@ pub fn render_nginx(
         format!("LOGS={}", logs.display()),
         format!("LISTEN=127.0.0.1:{port}"),
     ];
+    // 127.0.0.1 is the exempt load generator, as in the local topology, unless the test says.
+    if !values.iter().any(|(k, _)| *k == "RATE_LIMIT_EXEMPT") {
+        args.push("RATE_LIMIT_EXEMPT=127.0.0.1".into());
+    }
     args.extend(values.iter().map(|(k, v)| format!("{k}={v}")));
     let ok = std::process::Command::new("python3")
         .args(&args)

@@ -349,3 +349,279 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     assert!(lr.terminate().await.success());
     replicator.stop().await;
 }
+
+fn lastresort_host_values(
+    lr_servers: String,
+    infra: &Infra,
+    prefix: &str,
+    click_log: &str,
+) -> Vec<(&'static str, String)> {
+    let mut v = common();
+    v.extend([
+        ("LASTRESORT_SERVERS", lr_servers),
+        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
+        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
+        ("S3_BUCKET", infra.s3_bucket.clone()),
+        ("S3_PREFIX", prefix.to_string()),
+        (
+            "STATIC",
+            repo_root().join("nginx/static").display().to_string(),
+        ),
+        ("CLICK_LOG", click_log.to_string()),
+    ]);
+    v
+}
+
+/// A port nothing listens on: a lastresort host whose processes are all down (rung 3).
+fn dead_server() -> String {
+    servers(
+        &[format!("127.0.0.1:{}", free_port())],
+        "max_fails=1 fail_timeout=5s",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_takedown_reaches_every_rung_within_5_s_and_rung_3_answers_410() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    let topic = format!("clicks-{ks}");
+    create_topics(
+        &infra.kafka,
+        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
+    )
+    .await;
+    let flags = [
+        "--kafka",
+        &infra.kafka,
+        "--links-topic",
+        &n.links_topic,
+        "--clicks-topic",
+        &topic,
+    ];
+    let p = spawn_primary(&infra, &ks, &flags, None).await;
+    let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
+    let owner = create_key(&p.state, "alice", false).await;
+    let admin = create_key(&p.state, "ops", true).await;
+    let url = "https://example.com/phish?x=1";
+    let c = create(&p.base, &owner, json!({"url": url, "slug": "gone-1"})).await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    assert!(
+        eventually_ok(
+            &infra.blob_url(&n.s3_prefix, "gone-1"),
+            Duration::from_secs(10)
+        )
+        .await
+    );
+
+    let spool = TempDir::new("takedown-spool");
+    let click_dir = TempDir::new("takedown-clicklog");
+    let click_log = click_dir.path().join("clicks.json").display().to_string();
+    let spool_dir = spool.path().display().to_string();
+    let lr = ServiceProcess::lastresort(
+        &infra,
+        &infra.s3_endpoint,
+        &n.s3_prefix,
+        &[
+            "--clicks-topic",
+            &topic,
+            "--spool-dir",
+            &spool_dir,
+            "--nginx-click-log",
+            &click_log,
+        ],
+    )
+    .await;
+    let rung2 = OwnNginx::start(
+        "lastresort.conf",
+        &lastresort_host_values(
+            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
+            &infra,
+            &n.s3_prefix,
+            &click_log,
+        ),
+    )
+    .await;
+    let rung3 = OwnNginx::start(
+        "lastresort.conf",
+        &lastresort_host_values(dead_server(), &infra, &n.s3_prefix, &click_log),
+    )
+    .await;
+    let mut fe_values = common();
+    fe_values.extend([
+        (
+            "PRIMARY_SERVERS",
+            servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
+        ),
+        (
+            "LASTRESORT_HOST_SERVERS",
+            servers(&[hostport(&rung2.base)], "max_fails=1 fail_timeout=5s"),
+        ),
+    ]);
+    let fe = OwnNginx::start("frontend.conf", &fe_values).await;
+
+    // Every rung serves the link (and has it cached).
+    let rungs = [
+        ("rung 1 (frontend → primary)", fe.url("/gone-1"), "primary"),
+        ("rung 2 (lastresort)", lr.url("/gone-1"), "lastresort"),
+        (
+            "rung 2 (host nginx → lastresort)",
+            rung2.url("/gone-1"),
+            "lastresort",
+        ),
+        (
+            "rung 3 (host nginx → S3)",
+            rung3.url("/gone-1"),
+            "lastresort-nginx",
+        ),
+    ];
+    for (name, u, tier) in &rungs {
+        let r = get(u, "Mozilla/5.0").await;
+        assert!(
+            [StatusCode::FOUND, StatusCode::OK].contains(&r.status()),
+            "{name}: {}",
+            r.status()
+        );
+        assert_eq!(r.headers()["x-zlink-tier"], *tier, "{name}");
+    }
+
+    // The takedown, through the public API.
+    let r = client()
+        .patch(fe.url("/api/v1/links/gone-1"))
+        .bearer_auth(&admin)
+        .json(&json!({"status": "DISABLED"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let t0 = std::time::Instant::now();
+    let r = get(&fe.url("/gone-1"), "Mozilla/5.0").await;
+    assert_eq!(r.status(), StatusCode::GONE, "rung 1 at once");
+    let r = client()
+        .patch(fe.url("/api/v1/links/gone-1"))
+        .bearer_auth(&owner)
+        .json(&json!({"status": "ACTIVE"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::FORBIDDEN,
+        "the owner cannot undo it"
+    );
+    let all_gone = eventually(Duration::from_secs(5), || {
+        let urls: Vec<String> = rungs.iter().map(|(_, u, _)| u.clone()).collect();
+        async move {
+            for u in urls {
+                if get(&u, "Mozilla/5.0").await.status() != StatusCode::GONE {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    let took = t0.elapsed();
+    println!("takedown on every rung after {took:?}");
+    assert!(all_gone, "every rung answers 410 within 5 s of the PATCH");
+
+    // Rung 3's 410 is zlink's own page; an unknown slug there is still its 404 page.
+    let r = get(&rung3.url("/gone-1"), "Mozilla/5.0").await;
+    assert_eq!(r.status(), StatusCode::GONE);
+    assert_eq!(r.headers()["x-zlink-tier"], "lastresort-nginx");
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(r.text().await.unwrap().contains("Link disabled"));
+    let r = get(&rung3.url("/never-was"), "Mozilla/5.0").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert!(r.text().await.unwrap().contains("Link not found"));
+    // No click for a 410 on rung 3.
+    let clicks = std::fs::read_to_string(&click_log).unwrap_or_default();
+    assert_eq!(clicks.lines().count(), 1, "only the 200 page was a click");
+    replicator.stop().await;
+}
+
+fn client_from(ip: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(ip.parse::<std::net::IpAddr>().ok())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Statuses of `n` GETs of `url` from `ip`, one after the other.
+async fn statuses(ip: &str, url: &str, n: usize) -> Vec<u16> {
+    let c = client_from(ip);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let r = c.get(url).send().await.unwrap();
+        out.push(r.status().as_u16());
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(r.headers()["retry-after"], "1");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "rate_limited");
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_limits_each_address_and_exempts_the_load_generator() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let p = spawn_primary(&infra, &ks, &[], None).await;
+    let key = create_key(&p.state, "alice", false).await;
+    let c = create(
+        &p.base,
+        &key,
+        json!({"url": "https://example.com/l", "slug": "lim-1"}),
+    )
+    .await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    // Small limits so a test can pass them: 1 request/s with a burst of 5 (API: 2).
+    let limits = [
+        ("LIMIT_REDIRECT_RATE", "1r/s".to_string()),
+        ("LIMIT_REDIRECT_BURST", "5".into()),
+        ("RATE_LIMIT_EXEMPT", "127.0.0.1".into()),
+    ];
+    let mut fe_values = common();
+    fe_values.extend(limits.iter().cloned());
+    fe_values.extend([
+        ("LIMIT_API_RATE", "1r/s".to_string()),
+        ("LIMIT_API_BURST", "2".into()),
+        (
+            "PRIMARY_SERVERS",
+            servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
+        ),
+        ("LASTRESORT_HOST_SERVERS", dead_server()),
+    ]);
+    let fe = OwnNginx::start("frontend.conf", &fe_values).await;
+
+    // Any other address: the burst, then 429 JSON with Retry-After.
+    let s = statuses("127.0.0.2", &fe.url("/lim-1"), 10).await;
+    assert!(s[..5].iter().all(|c| *c == 302), "{s:?}");
+    assert!(s[7..].iter().all(|c| *c == 429), "{s:?}");
+    let s = statuses("127.0.0.3", &fe.url("/api/v1/links/lim-1"), 6).await;
+    assert!(s[..2].iter().all(|c| *c == 401), "{s:?}");
+    assert!(s[4..].iter().all(|c| *c == 429), "{s:?}");
+    // The load generator is never limited.
+    let s = statuses("127.0.0.1", &fe.url("/lim-1"), 40).await;
+    assert!(s.iter().all(|c| *c == 302), "{s:?}");
+
+    // The last-resort host limits the client the frontend reports, and browsers straight to
+    // it (rung 4), the same way.
+    let click_dir = TempDir::new("limit-clicklog");
+    let click_log = click_dir.path().join("clicks.json").display().to_string();
+    let mut lr_values =
+        lastresort_host_values(dead_server(), &infra, "no-such-prefix/", &click_log);
+    lr_values.extend(limits.iter().cloned());
+    let host = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let s = statuses("127.0.0.2", &host.url("/lim-1"), 10).await;
+    assert!(s[..5].iter().all(|c| *c == 404), "{s:?}");
+    assert!(s[7..].iter().all(|c| *c == 429), "{s:?}");
+    let s = statuses("127.0.0.1", &host.url("/lim-1"), 40).await;
+    assert!(s.iter().all(|c| *c == 404), "{s:?}");
+}

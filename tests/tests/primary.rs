@@ -751,3 +751,65 @@ async fn redirect_code_is_configurable_per_service_and_per_link() {
     }
     p.stop().await;
 }
+
+/// A keyspace an older release made (no `links.disabled_by`, no `api_key_ids`, a key issued
+/// back then): `migrate` brings it up to date, twice in a row without error, and the old key
+/// can be revoked by its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_upgrades_a_keyspace_an_older_release_made() {
+    let infra = Infra::from_env();
+    let ks = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(&infra.cql)
+        .build()
+        .await
+        .unwrap();
+    for stmt in [
+        format!("CREATE KEYSPACE {ks} WITH replication = {{'class': 'NetworkTopologyStrategy', 'replication_factor': 1}}"),
+        format!("CREATE TABLE {ks}.links (slug text PRIMARY KEY, url text, owner text, status text, redirect_code int, created_at timestamp, expires_at timestamp, version bigint, idem text)"),
+        format!("CREATE TABLE {ks}.api_keys (key_hash text PRIMARY KEY, key_id text, owner text, role text, created_at timestamp, revoked boolean)"),
+        format!("INSERT INTO {ks}.api_keys (key_hash, key_id, owner, role, revoked) VALUES ('old-hash', '00000000000000aa', 'old', 'owner', false)"),
+        format!("INSERT INTO {ks}.links (slug, url, owner, status, redirect_code, created_at, version) VALUES ('old-link', 'https://example.com/', 'old', 'ACTIVE', 302, 0, 1)"),
+    ] {
+        session.query_unpaged(stmt, &[]).await.unwrap();
+    }
+    for _ in 0..2 {
+        primary::store::migrate(&infra.store_config(&ks), 1)
+            .await
+            .expect("migrate an old keyspace");
+    }
+    let store = primary::store::Store::connect(&infra.store_config(&ks))
+        .await
+        .unwrap();
+    let old = store.get_link("old-link").await.unwrap().unwrap();
+    assert_eq!(old.disabled_by, None, "old rows read with the new column");
+    assert!(store
+        .transition(
+            "old-link",
+            zlink_wire::LinkStatus::Active,
+            1,
+            zlink_wire::LinkStatus::Disabled,
+            Some(&primary::store::DisabledBy {
+                admin: true,
+                key_id: "00000000000000ab".into(),
+            }),
+        )
+        .await
+        .unwrap());
+    let now = store.get_link("old-link").await.unwrap().unwrap();
+    assert_eq!(now.disabled_by.map(|d| d.admin), Some(true));
+    let (hash, rec) = store
+        .revoke_api_key("00000000000000aa")
+        .await
+        .unwrap()
+        .expect("the old key is found by its id");
+    assert_eq!((hash.as_str(), rec.owner.as_str()), ("old-hash", "old"));
+    assert!(
+        store
+            .get_api_key("old-hash")
+            .await
+            .unwrap()
+            .unwrap()
+            .revoked
+    );
+}

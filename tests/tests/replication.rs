@@ -345,6 +345,7 @@ async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
             zlink_wire::LinkStatus::Active,
             1,
             zlink_wire::LinkStatus::Disabled,
+            None,
         )
         .await
         .unwrap();
