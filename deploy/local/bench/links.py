@@ -4,6 +4,9 @@
   links.py create N OUT_FILE     create N links on $ZLINK_PRIMARY_1, write their slugs to OUT_FILE
   links.py cold BASE_URL FILE    GET each slug once on BASE_URL, print p50/p99/max in ms
   links.py wait-s3 FILE          wait (at most 120 s) until every slug's blob is readable in S3
+  links.py flood BASE_URL N SECONDS SOURCE_IP
+                                 N creates spread over SECONDS with one new owner key, sent from
+                                 SOURCE_IP (not the exempt load generator); prints the statuses
 """
 import concurrent.futures
 import http.client
@@ -41,6 +44,59 @@ def create(n, out):
     with open(out, "w") as f:
         f.write("\n".join(slugs) + "\n")
     print(f"RESULT created={n} seconds={took:.2f} creates_per_s={n / took:.0f}")
+
+
+def owner_key(owner):
+    """A new owner key, issued through the keys API with the admin key."""
+    c = conn_for(os.environ["ZLINK_PRIMARY_1"])
+    c.request("POST", "/api/v1/keys", json.dumps({"owner": owner}),
+              {"Authorization": f"Bearer {os.environ['ZLINK_ADMIN_KEY']}",
+               "Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 201:
+        raise SystemExit(f"issuing a key failed: {r.status} {data[:200]!r}")
+    return json.loads(data)["key"]
+
+
+def flood(base, n, secs, source_ip):
+    key = owner_key(f"flood-{int(time.time())}")
+    u = urllib.parse.urlsplit(base)
+    connect = lambda: http.client.HTTPConnection(u.hostname, u.port, timeout=10,
+                                                 source_address=(source_ip, 0))
+    c = connect()
+    statuses, retry_after = {}, set()
+    started = time.time()
+    for i in range(n):
+        # Paced: request i leaves at i * secs / n (bounded in count and time).
+        delay = started + i * secs / n - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        body = json.dumps({"url": f"https://example.com/flood/{i}"})
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        for attempt in (1, 2):
+            try:
+                c.request("POST", "/api/v1/links", body, headers)
+                r = c.getresponse()
+                r.read()
+                break
+            except (ConnectionError, http.client.HTTPException):
+                # A server may close a connection after refusing a request whose body it did
+                # not read (a 429 answered before the body): reconnect and send it again.
+                c.close()
+                c = connect()
+                if attempt == 2:
+                    raise
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        if r.status == 429:
+            retry_after.add(r.getheader("Retry-After"))
+        if r.will_close:
+            c.close()
+            c = connect()
+    took = time.time() - started
+    print(f"RESULT flood_requests={n} seconds={took:.1f} "
+          + " ".join(f"status_{k}={v}" for k, v in sorted(statuses.items()))
+          + f" retry_after={','.join(sorted(x for x in retry_after if x))}")
 
 
 def cold(base, path):
@@ -86,5 +142,7 @@ if __name__ == "__main__":
         cold(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "wait-s3":
         wait_s3(sys.argv[2])
+    elif sys.argv[1] == "flood":
+        flood(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
     else:
         raise SystemExit(__doc__)
