@@ -46,6 +46,7 @@ zl_components() {
   echo replicator clicks memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
   echo nginx-lastresort nginx-frontend
+  echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort prometheus
 }
 
 zl_port() {
@@ -75,6 +76,13 @@ zl_port() {
     bench-nginx) off=190 ;;
     nginx-frontend) off=180 ;;
     nginx-lastresort) off=181 ;;
+    nginx-frontend-status) off=182 ;;
+    nginx-lastresort-status) off=183 ;;
+    prometheus) off=160 ;;
+    alertmanager) off=161 ;;
+    alert-receiver) off=162 ;;
+    nginx-exporter-frontend) off=163 ;;
+    nginx-exporter-lastresort) off=164 ;;
     toxiproxy) off=150 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
@@ -346,7 +354,8 @@ zl_render_nginx() {
       backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
       python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
         "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
-        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "${overrides[@]}" >&2 || return 1
+        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-frontend-status)" \
+        "${overrides[@]}" >&2 || return 1
       ;;
     nginx-lastresort)
       mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
@@ -357,7 +366,8 @@ zl_render_nginx() {
         "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
-        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "${overrides[@]}" >&2 || return 1
+        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
+        "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;
   esac
@@ -403,6 +413,96 @@ zl_start_lastresort() {
 }
 zl_ready_lastresort() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_lastresort=30
+
+# ---------------------------------------------------------------- monitoring
+# Prometheus scrapes every process on its own address (the ops network: never through a public
+# nginx), both nginx tiers through prometheus-nginx-exporter (stub_status on a status-only
+# listener) and evaluates deploy/prometheus/rules; Alertmanager sends every alert, firing and
+# resolved, to a local webhook receiver that appends them to $ZLINK_RUN/alerts.jsonl.
+# Scrape and evaluation interval: ZLINK_SCRAPE_INTERVAL (5s).
+zl_alerts_file() { echo "$ZLINK_RUN/alerts.jsonl"; }
+zl_scrape_job() {
+  local job="$1" c; shift
+  printf '  - job_name: %s\n    static_configs:\n' "$job"
+  for c in "$@"; do
+    printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: %s}\n" "$(zl_port "$c")" "$c"
+  done
+}
+zl_prometheus_config() {
+  local dir="$ZLINK_RUN/prometheus" i tier every="${ZLINK_SCRAPE_INTERVAL:-5s}"
+  local primaries=() lastresorts=()
+  for ((i = 1; i <= PRIMARY_COUNT; i++)); do primaries+=("primary-$i"); done
+  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do lastresorts+=("lastresort-$i"); done
+  mkdir -p "$dir"
+  {
+    printf 'global:\n  scrape_interval: %s\n  evaluation_interval: %s\n  scrape_timeout: 4s\n' "$every" "$every"
+    printf '  external_labels: {site: local}\nrule_files:\n  - %s/deploy/prometheus/rules/*.yml\n' "$ZLINK_ROOT"
+    printf "alerting:\n  alertmanagers:\n    - static_configs: [{targets: ['127.0.0.1:%s']}]\n" "$(zl_port alertmanager)"
+    printf 'scrape_configs:\n'
+    zl_scrape_job primary "${primaries[@]}"
+    zl_scrape_job lastresort "${lastresorts[@]}"
+    zl_scrape_job replicator replicator
+    zl_scrape_job clicks clicks
+    zl_scrape_job prometheus prometheus
+    zl_scrape_job alertmanager alertmanager
+    printf '  - job_name: nginx\n    static_configs:\n'
+    for tier in frontend lastresort; do
+      printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: nginx-%s, tier: %s}\n" \
+        "$(zl_port "nginx-exporter-$tier")" "$tier" "$tier"
+    done
+  } >"$dir/prometheus.yml.tmp"
+  promtool check config "$dir/prometheus.yml.tmp" >>"$(zl_logfile prometheus)" 2>&1 ||
+    { zl_log "prometheus config invalid; see $(zl_logfile prometheus)"; return 1; }
+  mv "$dir/prometheus.yml.tmp" "$dir/prometheus.yml"
+}
+zl_start_prometheus() {
+  zl_prometheus_config || return 1
+  zl_spawn prometheus prometheus --config.file="$ZLINK_RUN/prometheus/prometheus.yml" \
+    --storage.tsdb.path="$ZLINK_RUN/prometheus/data" --storage.tsdb.retention.time=2d \
+    --web.listen-address="127.0.0.1:$(zl_port prometheus)" --web.enable-lifecycle
+}
+zl_ready_prometheus() { curl -sf -m 2 "http://127.0.0.1:$(zl_port prometheus)/-/ready" >/dev/null; }
+ZL_TIMEOUT_prometheus=60
+zl_start_alertmanager() {
+  local dir="$ZLINK_RUN/alertmanager"
+  mkdir -p "$dir"
+  # One route: every alert to the local receiver, grouped by name, sent at once and resolved too.
+  cat >"$dir/alertmanager.yml" <<YML
+route:
+  receiver: local-file
+  group_by: [alertname]
+  group_wait: 1s
+  group_interval: 5s
+  repeat_interval: 4h
+receivers:
+  - name: local-file
+    webhook_configs:
+      - url: http://127.0.0.1:$(zl_port alert-receiver)/
+        send_resolved: true
+YML
+  amtool check-config "$dir/alertmanager.yml" >>"$(zl_logfile alertmanager)" 2>&1 ||
+    { zl_log "alertmanager config invalid; see $(zl_logfile alertmanager)"; return 1; }
+  # A single node: no cluster listener.
+  zl_spawn alertmanager prometheus-alertmanager --config.file="$dir/alertmanager.yml" \
+    --storage.path="$dir/data" --web.listen-address="127.0.0.1:$(zl_port alertmanager)" \
+    --cluster.listen-address=
+}
+zl_ready_alertmanager() { curl -sf -m 2 "http://127.0.0.1:$(zl_port alertmanager)/-/ready" >/dev/null; }
+ZL_TIMEOUT_alertmanager=30
+zl_start_alert_receiver() {
+  zl_spawn alert-receiver python3 "$ZLINK_ROOT/deploy/local/alert-receiver.py" \
+    "$(zl_port alert-receiver)" "$(zl_alerts_file)"
+}
+zl_ready_alert_receiver() { curl -sf -m 2 "http://127.0.0.1:$(zl_port alert-receiver)/" >/dev/null; }
+ZL_TIMEOUT_alert_receiver=10
+zl_start_nginx_exporter() {
+  local name="$1" tier="${1#nginx-exporter-}"
+  zl_spawn "$name" prometheus-nginx-exporter \
+    -nginx.scrape-uri="http://127.0.0.1:$(zl_port "nginx-$tier-status")/stub_status" \
+    -web.listen-address="127.0.0.1:$(zl_port "$name")"
+}
+zl_ready_nginx_exporter() { curl -sf -m 2 "http://127.0.0.1:$(zl_port "$1")/metrics" >/dev/null; }
+ZL_TIMEOUT_nginx_exporter=10
 
 # ---------------------------------------------------------------- fault proxies (Toxiproxy)
 # The hops a drill slows down or blackholes go through one local Toxiproxy (a real TCP fault
@@ -500,7 +600,13 @@ zl_fault() {
 }
 
 # ---------------------------------------------------------------- generic control
-zl_kind() { case "$1" in primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;; nginx-*) echo nginx ;; *) echo "$1" ;; esac; }
+zl_kind() {
+  case "$1" in
+    primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;;
+    nginx-exporter-*) echo nginx_exporter ;; nginx-*) echo nginx ;;
+    alert-receiver) echo alert_receiver ;; *) echo "$1" ;;
+  esac
+}
 
 zl_known() {
   local c
@@ -511,7 +617,7 @@ zl_known() {
 zl_is_ready() {
   local kind; kind="$(zl_kind "$1")"
   case "$kind" in
-    primary | lastresort | nginx) "zl_ready_$kind" "$1" ;;
+    primary | lastresort | nginx | nginx_exporter) "zl_ready_$kind" "$1" ;;
     *) "zl_ready_$kind" ;;
   esac
 }
@@ -523,7 +629,7 @@ zl_start() {
   if zl_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   case "$kind" in
-    primary | lastresort | nginx) "zl_start_$kind" "$name" ;;
+    primary | lastresort | nginx | nginx_exporter) "zl_start_$kind" "$name" ;;
     *) "zl_start_$kind" ;;
   esac
 }

@@ -1034,6 +1034,9 @@ pub fn render_nginx(
     if !values.iter().any(|(k, _)| *k == "RATE_LIMIT_EXEMPT") {
         args.push("RATE_LIMIT_EXEMPT=127.0.0.1".into());
     }
+    if !values.iter().any(|(k, _)| *k == "STATUS_LISTEN") {
+        args.push(format!("STATUS_LISTEN=127.0.0.1:{}", free_port()));
+    }
     args.extend(values.iter().map(|(k, v)| format!("{k}={v}")));
     let ok = std::process::Command::new("python3")
         .args(&args)
