@@ -256,6 +256,12 @@ pub fn ip_hash(salt: &str, ip: IpAddr) -> String {
 /// Response header carrying the id of the redirect's click event.
 pub const CLICK_ID_HEADER: &str = "x-zlink-click-id";
 
+/// Set by the frontend nginx on a request it failed over to a last-resort host (and passed on
+/// by that host's nginx when it came from a trusted proxy): lastresort counts such requests as
+/// `via="failover"` (rung 2 serving), everything else — rung-4 DNS traffic, probes — as
+/// `via="direct"`.
+pub const FAILOVER_HEADER: &str = "x-zlink-failover";
+
 /// The [`CLICK_ID_HEADER`] value of a click id.
 pub fn click_id_value(id: Uuid) -> http::HeaderValue {
     let mut buf = Uuid::encode_buffer();

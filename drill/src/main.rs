@@ -22,7 +22,7 @@ mod report;
 use anyhow::{bail, Context};
 use clap::Parser;
 use plan::{Action, Kind, Scenario, FLAP_WITH};
-use report::{Outcome, Sample, Targets, Write};
+use report::{AlertChange, Outcome, Sample, Targets, Write};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -118,6 +118,15 @@ struct Args {
     /// How long to wait for every click to be counted after the last phase, seconds.
     #[arg(long, default_value_t = 180)]
     clicks_within_s: u64,
+    /// Alertmanager: the drill records which alerts fire and resolve (polled every second),
+    /// shows them per phase and on the timeline, and holds the ladder's and broken tiers'
+    /// alerts to their phases (see --alert-window-s).
+    #[arg(long, env = "ZLINK_ALERTMANAGER")]
+    alertmanager: Option<String>,
+    /// Expected alerts are judged only when phases last at least this long (the rules'
+    /// windows: rate over 30 s, `for:` 10-30 s, 5 s scrapes); shorter phases only record them.
+    #[arg(long, default_value_t = 45)]
+    alert_window_s: u64,
     /// Where the JSON report goes; the HTML page goes next to it (`.html`).
     #[arg(long, default_value = "drill-report.json")]
     report: String,
@@ -351,6 +360,57 @@ async fn writer(
     out
 }
 
+/// Polls Alertmanager's active alerts every second until `stop`, recording every change of
+/// the set of firing alert names (the first poll records what already fires).
+async fn watch_alerts(
+    client: reqwest::Client,
+    am: String,
+    t0: Instant,
+    stop: Arc<tokio::sync::Notify>,
+) -> Vec<AlertChange> {
+    let url = format!(
+        "{}/api/v2/alerts?active=true&silenced=false&inhibited=false",
+        am.trim_end_matches('/')
+    );
+    let mut firing = std::collections::BTreeSet::<String>::new();
+    let mut changes = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Bounded: a day of polls at most.
+    for _ in 0..86_400 {
+        tokio::select! {
+            _ = stop.notified() => break,
+            _ = tick.tick() => {}
+        }
+        let Ok(r) = client.get(&url).send().await else {
+            continue;
+        };
+        let Ok(list) = r.json::<Vec<serde_json::Value>>().await else {
+            continue;
+        };
+        let now: std::collections::BTreeSet<String> = list
+            .iter()
+            .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_string))
+            .collect();
+        let at_ms = t0.elapsed().as_millis() as u64;
+        for a in now.difference(&firing) {
+            changes.push(AlertChange {
+                at_ms,
+                alert: a.clone(),
+                firing: true,
+            });
+        }
+        for a in firing.difference(&now) {
+            changes.push(AlertChange {
+                at_ms,
+                alert: a.clone(),
+                firing: false,
+            });
+        }
+        firing = now;
+    }
+    changes
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
@@ -496,6 +556,16 @@ async fn main() -> anyhow::Result<()> {
         })
     };
 
+    let alerts_stop = Arc::new(tokio::sync::Notify::new());
+    let alert_watch = a.alertmanager.as_ref().map(|am| {
+        tokio::spawn(watch_alerts(
+            client.clone(),
+            am.clone(),
+            t0,
+            alerts_stop.clone(),
+        ))
+    });
+
     let acting = Arc::new(AtomicBool::new(false));
     let write_stop = Arc::new(tokio::sync::Notify::new());
     let writes = (a.create_every_ms > 0).then(|| {
@@ -565,7 +635,12 @@ async fn main() -> anyhow::Result<()> {
     }
     stop.notify_one();
     write_stop.notify_one();
+    alerts_stop.notify_one();
     load.await?;
+    let alerts = match alert_watch {
+        Some(w) => w.await?,
+        None => Vec::new(),
+    };
     let samples = samples.lock().unwrap().clone();
     let mut results = report::phase_results(&phases, &samples, &bounds, &targets);
     for (r, (err, s)) in results.iter_mut().zip(action_results) {
@@ -632,7 +707,22 @@ async fn main() -> anyhow::Result<()> {
         r.clicks_counted = counted[i];
     }
     report::judge(&phases, &mut results, &targets);
+    let alerts_judged = a.alertmanager.is_some() && a.phase_seconds >= a.alert_window_s;
+    report::add_alerts(&phases, &mut results, &alerts, alerts_judged);
     report::print_table(&phases, &results);
+    if a.alertmanager.is_some() {
+        for (p, r) in phases.iter().zip(&results) {
+            if !r.alerts.is_empty() {
+                println!("alerts during {}: {}", p.name, r.alerts.join(", "));
+            }
+        }
+        if !alerts_judged {
+            println!(
+                "alerts recorded, not judged: phases of {} s are shorter than --alert-window-s {}",
+                a.phase_seconds, a.alert_window_s
+            );
+        }
+    }
     println!(
         "mappings: {} ({})",
         match (drift_found, reconcile_ok) {
@@ -662,6 +752,9 @@ async fn main() -> anyhow::Result<()> {
         "timeline": tl.iter().map(|b| serde_json::json!({
             "right": b[0], "wrong": b[1], "failed": b[2], "p50_ms": b[3], "p99_ms": b[4]})).collect::<Vec<_>>(),
         "mappings_ok": reconcile_ok, "drift_found_before_repair": drift_found,
+        "alerts": alerts.iter().map(|c| serde_json::json!({
+            "at_ms": c.at_ms, "alert": c.alert, "state": if c.firing { "firing" } else { "resolved" }})).collect::<Vec<_>>(),
+        "alerts_judged": alerts_judged,
         "clicks_without_id": without_id,
         "passed": !failed,
     });
@@ -673,8 +766,11 @@ async fn main() -> anyhow::Result<()> {
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         if failed { "FAILED" } else { "PASSED" }
     );
-    std::fs::write(&html_path, report::html(&title, &phases, &results, &tl))
-        .with_context(|| format!("writing {}", html_path.display()))?;
+    std::fs::write(
+        &html_path,
+        report::html(&title, &phases, &results, &tl, &alerts),
+    )
+    .with_context(|| format!("writing {}", html_path.display()))?;
     println!(
         "report: {} and {}  →  {}",
         a.report,

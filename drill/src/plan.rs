@@ -74,6 +74,25 @@ pub struct Phase {
     /// The write path (primaries, store, Kafka, replicator, S3) is whole once the phase's
     /// actions are done: a link created then must reach every rung within ε.
     pub writes_whole: bool,
+    /// Alerts that must fire during the phase (deploy/prometheus/rules), when the drill reads
+    /// Alertmanager and phases are long enough for the rules' windows.
+    pub alerts_fire: Vec<&'static str>,
+    /// Alerts that must be resolved by the end of the phase (under the same conditions).
+    pub alerts_resolve: Vec<&'static str>,
+}
+
+/// What the ladder's alerts say: rung 2 serving and no primary up; rung 3 and no lastresort.
+const RUNG2_ALERTS: [&str; 2] = ["ZlinkRung2Serving", "ZlinkPrimariesDown"];
+const RUNG3_ALERTS: [&str; 2] = ["ZlinkRung3Serving", "ZlinkLastresortDown"];
+
+/// The alerts a broken tier must raise (killed or hung: it stops answering its scrape).
+fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
+    match (kind, tier) {
+        (Kind::Kill | Kind::Hang, "primaries") => RUNG2_ALERTS.to_vec(),
+        (Kind::Kill | Kind::Hang, "lastresorts") => vec!["ZlinkLastresortDown"],
+        (Kind::Kill | Kind::Hang, "replicator") => vec!["ZlinkReplicatorDown"],
+        _ => vec![],
+    }
 }
 
 /// Tiers whose fault stops or delays creates or their replication (ε is not held there).
@@ -162,19 +181,28 @@ pub fn phases(
         flap: vec![],
         single_tier: true,
         writes_whole: true,
+        alerts_fire: vec![],
+        alerts_resolve: vec![],
     }];
     for s in scenarios {
         match s {
             Scenario::Ladder(k) => {
                 let (p, l) = (comps("primaries")?, comps("lastresorts")?);
                 let sc = format!("ladder:{}", k.name());
-                let phase = |name: String, actions, single_tier, writes_whole| Phase {
+                let phase = |name: String,
+                             actions,
+                             single_tier,
+                             writes_whole,
+                             fire: &[&'static str],
+                             resolve: &[&'static str]| Phase {
                     name,
                     scenario: sc.clone(),
                     actions,
                     flap: vec![],
                     single_tier,
                     writes_whole,
+                    alerts_fire: fire.to_vec(),
+                    alerts_resolve: resolve.to_vec(),
                 };
                 let k_name = k.name();
                 out.push(phase(
@@ -182,24 +210,32 @@ pub fn phases(
                     each(Action::Break, *k, &p),
                     true,
                     false,
+                    &RUNG2_ALERTS,
+                    &[],
                 ));
                 out.push(phase(
                     format!("lastresorts-{k_name}"),
                     each(Action::Break, *k, &l),
                     false,
                     false,
+                    &RUNG3_ALERTS,
+                    &[],
                 ));
                 out.push(phase(
                     "lastresorts-back".into(),
                     each(Action::Restore, *k, &l),
                     false,
                     false,
+                    &[],
+                    &RUNG3_ALERTS,
                 ));
                 out.push(phase(
                     "primaries-back".into(),
                     each(Action::Restore, *k, &p),
                     true,
                     true,
+                    &[],
+                    &RUNG2_ALERTS,
                 ));
             }
             Scenario::Tier(k, tier) => {
@@ -216,6 +252,7 @@ pub fn phases(
                 } else {
                     (each(Action::Break, *k, &cs), vec![])
                 };
+                let alerts = tier_alerts(*k, tier);
                 out.push(Phase {
                     name: format!("{tier}-{}", k.name()),
                     scenario: sc.clone(),
@@ -223,6 +260,8 @@ pub fn phases(
                     flap,
                     single_tier: true,
                     writes_whole: !WRITE_PATH.contains(&tier.as_str()),
+                    alerts_fire: alerts.clone(),
+                    alerts_resolve: vec![],
                 });
                 let restore = if *k == Kind::Flap {
                     vec![]
@@ -236,6 +275,8 @@ pub fn phases(
                     flap: vec![],
                     single_tier: true,
                     writes_whole: true,
+                    alerts_fire: vec![],
+                    alerts_resolve: alerts,
                 });
             }
         }

@@ -77,7 +77,64 @@ pub struct PhaseResult {
     pub action_s: f64,
     pub start_ms: u64,
     pub end_ms: u64,
+    /// Alerts firing at any time during the phase (when the drill reads Alertmanager).
+    pub alerts: Vec<String>,
     pub misses: Vec<String>,
+}
+
+/// An alert starting or stopping to fire, as Alertmanager showed it, since the load started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlertChange {
+    pub at_ms: u64,
+    pub alert: String,
+    pub firing: bool,
+}
+
+/// Whether `alert` fires at `t_ms`, given the changes in time order.
+fn firing_at(changes: &[AlertChange], alert: &str, t_ms: u64) -> bool {
+    changes
+        .iter()
+        .rfind(|c| c.alert == alert && c.at_ms <= t_ms)
+        .is_some_and(|c| c.firing)
+}
+
+/// Fills each phase's alerts and, when `judged` (phases long enough for the rules' windows),
+/// adds a miss for an expected alert that did not fire within the phase or was still firing
+/// at its end.
+pub fn add_alerts(
+    phases: &[Phase],
+    results: &mut [PhaseResult],
+    changes: &[AlertChange],
+    judged: bool,
+) {
+    let names: std::collections::BTreeSet<&str> =
+        changes.iter().map(|c| c.alert.as_str()).collect();
+    for (p, r) in phases.iter().zip(results.iter_mut()) {
+        let fired_in = |a: &str| {
+            firing_at(changes, a, r.start_ms)
+                || changes
+                    .iter()
+                    .any(|c| c.alert == a && c.firing && (r.start_ms..=r.end_ms).contains(&c.at_ms))
+        };
+        r.alerts = names
+            .iter()
+            .filter(|a| fired_in(a))
+            .map(|a| a.to_string())
+            .collect();
+        if !judged {
+            continue;
+        }
+        for a in &p.alerts_fire {
+            if !fired_in(a) {
+                r.misses.push(format!("alert {a} did not fire"));
+            }
+        }
+        for a in &p.alerts_resolve {
+            if firing_at(changes, a, r.end_ms) {
+                r.misses.push(format!("alert {a} not resolved"));
+            }
+        }
+    }
 }
 
 pub fn pct(sorted: &[u64], q: f64) -> f64 {
@@ -289,6 +346,8 @@ pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
         "create_to_every_rung_max_ms": r.to_rungs_max_ms,
         "action_error": r.action_error, "action_s": r.action_s,
         "start_ms": r.start_ms, "end_ms": r.end_ms,
+        "alerts": r.alerts, "alerts_expected_to_fire": p.alerts_fire,
+        "alerts_expected_to_resolve": p.alerts_resolve,
         "passed": r.misses.is_empty(), "misses": r.misses,
     })
 }
@@ -299,7 +358,13 @@ fn esc(s: &str) -> String {
 
 /// A self-contained HTML page: the per-second timeline (answers right/wrong/failed, p50/p99
 /// on a log scale, phases shaded) and the phase table.
-pub fn html(title: &str, phases: &[Phase], results: &[PhaseResult], tl: &[[f64; 5]]) -> String {
+pub fn html(
+    title: &str,
+    phases: &[Phase],
+    results: &[PhaseResult],
+    tl: &[[f64; 5]],
+    alerts: &[AlertChange],
+) -> String {
     let (w, h1, h2, left) = (1200.0, 160.0, 160.0, 50.0);
     let secs = tl.len().max(1) as f64;
     let x = |s: f64| left + s / secs * (w - left - 10.0);
@@ -374,11 +439,64 @@ pub fn html(title: &str, phases: &[Phase], results: &[PhaseResult], tl: &[[f64; 
         r##"<text x="2" y="24">{max_n:.0}/s</text><text x="{left}" y="{:.0}">answers per second: right (green), wrong (orange), failed (red); latency: p50 (blue), p99 (purple), log scale; phases that missed a target in red</text></svg>"##,
         total_h - 4.0
     );
+    // The alert timeline under the answers: one lane per alert, a bar while it fires.
+    let names: std::collections::BTreeSet<&str> = alerts.iter().map(|c| c.alert.as_str()).collect();
+    let lane = 14.0;
+    let ah = lane * names.len() as f64 + 16.0;
+    let mut asvg = String::new();
+    if !names.is_empty() {
+        let _ = write!(
+            asvg,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{ah}" font-family="sans-serif" font-size="10">"##
+        );
+        let end_s = secs;
+        for (k, name) in names.iter().enumerate() {
+            let y = 4.0 + lane * k as f64;
+            let mut since: Option<f64> = None;
+            let mut bars = Vec::new();
+            for c in alerts.iter().filter(|c| c.alert == *name) {
+                let t = c.at_ms as f64 / 1000.0;
+                match (c.firing, since) {
+                    (true, None) => since = Some(t),
+                    (false, Some(t0)) => {
+                        bars.push((t0, t));
+                        since = None;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(t0) = since {
+                bars.push((t0, end_s));
+            }
+            for (a, b) in bars {
+                let _ = write!(
+                    asvg,
+                    r##"<rect x="{:.1}" y="{y:.1}" width="{:.1}" height="{:.1}" fill="#d22"><title>{} {a:.0}-{b:.0} s</title></rect>"##,
+                    x(a),
+                    (x(b) - x(a)).max(1.0),
+                    lane - 3.0,
+                    esc(name)
+                );
+            }
+            let _ = write!(
+                asvg,
+                r##"<text x="{:.1}" y="{:.1}">{}</text>"##,
+                left + 4.0,
+                y + lane - 5.0,
+                esc(name)
+            );
+        }
+        let _ = write!(
+            asvg,
+            r##"<text x="{left}" y="{:.0}">alerts from Alertmanager: red while firing (same time axis)</text></svg>"##,
+            ah - 2.0
+        );
+    }
     let mut rows = String::new();
     for (p, r) in phases.iter().zip(results) {
         let _ = write!(
             rows,
-            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:+.1}</td><td>{:.1}</td><td>{}/{}</td><td>{}/{}</td><td>{:.0}</td><td>{}</td></tr>",
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:+.1}</td><td>{:.1}</td><td>{}/{}</td><td>{}/{}</td><td>{:.0}</td><td>{}</td><td>{}</td></tr>",
             if r.misses.is_empty() { "ok" } else { "miss" },
             esc(&p.name),
             esc(&p.scenario),
@@ -394,6 +512,7 @@ pub fn html(title: &str, phases: &[Phase], results: &[PhaseResult], tl: &[[f64; 
             r.created,
             r.creates,
             r.to_rungs_max_ms,
+            esc(&r.alerts.join(", ")),
             if r.misses.is_empty() {
                 "ok".to_string()
             } else {
@@ -406,8 +525,8 @@ pub fn html(title: &str, phases: &[Phase], results: &[PhaseResult], tl: &[[f64; 
 body{{font-family:sans-serif;margin:1em}}table{{border-collapse:collapse}}\
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}td:first-child,td:nth-child(2),td:last-child{{text-align:left}}\
 tr.miss{{background:#fde2e2}}</style></head><body><h1>{t}</h1>{svg}\
-<table><tr><th>phase</th><th>scenario</th><th>requests</th><th>wrong</th><th>failed</th><th>p50 ms</th>\
-<th>p99 ms</th><th>added p99 ms</th><th>max ms</th><th>clicks sent/counted</th><th>created/creates</th><th>create→rungs max ms</th><th>verdict</th></tr>{rows}</table></body></html>",
+{asvg}<table><tr><th>phase</th><th>scenario</th><th>requests</th><th>wrong</th><th>failed</th><th>p50 ms</th>\
+<th>p99 ms</th><th>added p99 ms</th><th>max ms</th><th>clicks sent/counted</th><th>created/creates</th><th>create→rungs max ms</th><th>alerts firing</th><th>verdict</th></tr>{rows}</table></body></html>",
         t = esc(title)
     )
 }
@@ -428,6 +547,65 @@ mod tests {
             link: 0,
             click: None,
         }
+    }
+
+    #[test]
+    fn expected_alerts_must_fire_within_their_phase_and_resolve_by_its_end() {
+        let tiers = [("primaries", "p"), ("lastresorts", "l")]
+            .iter()
+            .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
+            .collect();
+        let ph = phases(&[Scenario::parse("ladder:kill").unwrap()], &tiers, &[]).unwrap();
+        let names: Vec<&str> = ph.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "baseline",
+                "primaries-kill",
+                "lastresorts-kill",
+                "lastresorts-back",
+                "primaries-back"
+            ]
+        );
+        let mut r: Vec<PhaseResult> = (0..5)
+            .map(|i| PhaseResult {
+                start_ms: i * 1000,
+                end_ms: i * 1000 + 1000,
+                ..Default::default()
+            })
+            .collect();
+        let c = |at_ms, alert: &str, firing| AlertChange {
+            at_ms,
+            alert: alert.into(),
+            firing,
+        };
+        let changes = [
+            c(1500, "ZlinkRung2Serving", true),
+            c(1600, "ZlinkPrimariesDown", true),
+            c(2500, "ZlinkLastresortDown", true),
+            // Rung 3 never fires; rung 3's "down" resolves in time; rung 2 resolves too late.
+            c(3500, "ZlinkLastresortDown", false),
+            c(4500, "ZlinkPrimariesDown", false),
+            c(5200, "ZlinkRung2Serving", false),
+        ];
+        add_alerts(&ph, &mut r, &changes, true);
+        assert!(r[0].misses.is_empty() && r[0].alerts.is_empty());
+        assert!(r[1].misses.is_empty(), "{:?}", r[1].misses);
+        assert_eq!(r[1].alerts, ["ZlinkPrimariesDown", "ZlinkRung2Serving"]);
+        assert_eq!(r[2].misses, ["alert ZlinkRung3Serving did not fire"]);
+        assert!(r[3].misses.is_empty(), "{:?}", r[3].misses);
+        assert_eq!(r[4].misses, ["alert ZlinkRung2Serving not resolved"]);
+        // Not judged: recorded only.
+        let mut r2: Vec<PhaseResult> = r
+            .iter()
+            .map(|x| PhaseResult {
+                misses: vec![],
+                ..x.clone()
+            })
+            .collect();
+        add_alerts(&ph, &mut r2, &changes, false);
+        assert!(r2.iter().all(|x| x.misses.is_empty()));
+        assert_eq!(r2[2].alerts.len(), 3);
     }
 
     #[test]
@@ -489,7 +667,7 @@ mod tests {
         let tl = timeline(&s);
         assert_eq!(tl.len(), 3);
         assert_eq!(tl[2][2], 1.0, "the failed answer is in second 2");
-        let page = html("drill <x>", &ph, &r, &tl);
+        let page = html("drill <x>", &ph, &r, &tl, &[]);
         assert!(page.contains("drill &lt;x&gt;") && page.contains("<svg"));
     }
 }

@@ -30,6 +30,8 @@ pub struct State {
     pub ready: AtomicBool,
     /// Tails the host nginx's rung-3 click log, when configured.
     pub nginx_log: Option<Arc<crate::nginxlog::Tailer>>,
+    /// Proxies whose forwarding headers are believed (the host nginx).
+    pub trusted: clicks::TrustedProxies,
 }
 
 fn json(status: StatusCode, body: serde_json::Value) -> Resp {
@@ -123,6 +125,14 @@ async fn redirect(
 }
 
 async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Resp {
+    // Rung 2 proper (the frontend failed this request over) or direct traffic (rung 4, probes).
+    let via = if state.trusted.contains(peer.ip())
+        && req.headers().contains_key(clicks::FAILOVER_HEADER)
+    {
+        "failover"
+    } else {
+        "direct"
+    };
     let path = req.uri().path();
     let get_or_head = matches!(*req.method(), Method::GET | Method::HEAD);
     let resp = match path {
@@ -176,7 +186,7 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
     state
         .metrics
         .requests
-        .with_label_values(&[resp.status().as_str()])
+        .with_label_values(&[resp.status().as_str(), via])
         .inc();
     resp
 }

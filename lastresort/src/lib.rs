@@ -85,6 +85,7 @@ pub fn state(
         })
     });
     Ok(Arc::new(http::State {
+        trusted: cfg.clicks.trusted_proxies.clone(),
         nginx_log,
         lookup,
         clicks,

@@ -36,8 +36,11 @@ impl Metrics {
         let registry =
             Registry::new_custom(Some("zlink_lastresort".into()), None).expect("valid prefix");
         let requests = IntCounterVec::new(
-            Opts::new("requests_total", "Requests by status"),
-            &["status"],
+            Opts::new(
+                "requests_total",
+                "Requests by status and how they came: failover (the frontend failed them over) or direct",
+            ),
+            &["status", "via"],
         )
         .expect("metric");
         let lookups = IntCounterVec::new(
