@@ -32,7 +32,8 @@ DASHBOARDS = {
             ("p99", 'histogram_quantile(0.99, sum by (le) (rate(zlink_primary_redirect_duration_seconds_bucket[1m])))'),
         ]),
         ("5xx ratio per tier", "percentunit", [
-            ("{{job}}", 'sum by (job) (rate({__name__=~"zlink_(primary|lastresort)_requests_total", status=~"5.."}[1m])) / sum by (job) (rate({__name__=~"zlink_(primary|lastresort)_requests_total"}[1m]))'),
+            # 0 (not "no data") while a tier answers without 5xx.
+            ("{{job}}", '(sum by (job) (rate({__name__=~"zlink_(primary|lastresort)_requests_total", status=~"5.."}[1m])) or 0 * sum by (job) (rate({__name__=~"zlink_(primary|lastresort)_requests_total"}[1m]))) / sum by (job) (rate({__name__=~"zlink_(primary|lastresort)_requests_total"}[1m]))'),
         ]),
         ("Primary lookups by layer", "reqps", [
             ("{{layer}}", 'sum by (layer) (rate(zlink_primary_cache_lookups_total[1m]))'),
