@@ -162,11 +162,9 @@ impl AppState {
 impl AppState {
     /// The client's address: X-Forwarded-For of a trusted proxy, else the TCP peer.
     pub fn client_ip<B>(&self, req: &Request<B>) -> IpAddr {
-        let peer = req
-            .extensions()
-            .get::<Peer>()
-            .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
-        self.settings.trusted_proxies.client(peer, req.headers())
+        self.settings
+            .trusted_proxies
+            .client(Peer::ip_of(req), req.headers())
     }
 
     /// Admits one request from `ip` under a per-address limit (exempt addresses always pass).

@@ -106,6 +106,15 @@ struct RouteLabel(&'static str);
 #[derive(Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
+impl Peer {
+    /// The TCP peer's address of `req` (0.0.0.0 if the accept loop recorded none).
+    pub fn ip_of<B>(req: &Request<B>) -> std::net::IpAddr {
+        req.extensions()
+            .get::<Peer>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip())
+    }
+}
+
 async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let route = Route::parse(&path);

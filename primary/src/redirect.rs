@@ -8,7 +8,6 @@ use crate::http::{Peer, Resp};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::Full;
-use std::net::IpAddr;
 use std::time::Instant;
 use zlink_clients::clicks;
 use zlink_wire::events::{ClickEvent, Tier};
@@ -91,14 +90,10 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
 /// The click under the outermost hop's id and time (from a trusted proxy), so a request that
 /// nginx already failed over and this primary finishes late is the same click, counted once.
 fn click<B>(state: &AppState, req: &Request<B>, slug: &str, now_ms: i64) -> ClickEvent {
-    let peer = req
-        .extensions()
-        .get::<Peer>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |p| p.0.ip());
     let origin = state
         .settings
         .trusted_proxies
-        .origin(peer, req.headers(), now_ms);
+        .origin(Peer::ip_of(req), req.headers(), now_ms);
     clicks::event(
         Tier::Primary,
         &state.settings.ip_hash_salt,

@@ -215,6 +215,32 @@ pub fn names(keyspace: &str) -> Names {
     }
 }
 
+/// A fresh keyspace with its own topics created: links (3 partitions), dead letters (1) and
+/// clicks (3). Returns the keyspace, its names and the clicks topic.
+pub async fn pipeline_keyspace(infra: &Infra) -> (String, Names, String) {
+    let ks = fresh_keyspace(infra).await;
+    let n = names(&ks);
+    let clicks_topic = format!("clicks-{ks}");
+    create_topics(
+        &infra.kafka,
+        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&clicks_topic, 3)],
+    )
+    .await;
+    (ks, n, clicks_topic)
+}
+
+/// The `primary serve` flags that publish link events and clicks to those topics.
+pub fn kafka_flags<'a>(infra: &'a Infra, n: &'a Names, clicks_topic: &'a str) -> [&'a str; 6] {
+    [
+        "--kafka",
+        &infra.kafka,
+        "--links-topic",
+        &n.links_topic,
+        "--clicks-topic",
+        clicks_topic,
+    ]
+}
+
 /// Creates the test's own topics on `brokers`.
 pub async fn create_topics(brokers: &str, topics: &[(&str, i32)]) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -778,13 +804,7 @@ pub async fn clicks_in_kafka(
 
 /// PATCHes a link's status through the API and asserts 200.
 pub async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
-    let r = client()
-        .patch(format!("{base}/api/v1/links/{slug}"))
-        .bearer_auth(key)
-        .json(&serde_json::json!({ "status": status }))
-        .send()
-        .await
-        .unwrap();
+    let r = patch_status(base, key, slug, status).await;
     assert_eq!(r.status(), reqwest::StatusCode::OK, "PATCH {slug} {status}");
 }
 
@@ -983,6 +1003,54 @@ pub async fn caught_up(brokers: &str, group: &str, topic: &str, within: Duration
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// nginx `server` lines for an upstream block: one per address, each with `extra` parameters.
+pub fn upstream_servers(addrs: &[String], extra: &str) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("        server {a} {extra};"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `host:port` of a `http://host:port` base URL.
+pub fn hostport(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+/// Placeholder values of nginx/lastresort.conf for a last-resort host in front of
+/// `lastresort_servers` (upstream lines), reading S3 under `prefix`, logging rung-3 clicks to
+/// `click_log`. Timeouts come from nginx/lastresort.budgets.
+pub fn lastresort_host_values(
+    lastresort_servers: String,
+    infra: &Infra,
+    prefix: &str,
+    click_log: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("LASTRESORT_SERVERS", lastresort_servers),
+        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
+        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
+        ("S3_BUCKET", infra.s3_bucket.clone()),
+        ("S3_PREFIX", prefix.to_string()),
+        (
+            "STATIC",
+            repo_root().join("nginx/static").display().to_string(),
+        ),
+        ("CLICK_LOG", click_log.to_string()),
+    ]
+}
+
+/// `PATCH /api/v1/links/{slug}` with `{"status": status}` as `key`.
+pub async fn patch_status(base: &str, key: &str, slug: &str, status: &str) -> reqwest::Response {
+    client()
+        .patch(format!("{base}/api/v1/links/{slug}"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "status": status }))
+        .send()
+        .await
+        .expect("request")
 }
 
 /// An nginx of the test's own, from a template in `nginx/` rendered by deploy/local/nginx-render

@@ -12,38 +12,13 @@ use std::time::{Duration, Instant};
 use zlink_e2e::faults::{freeze, Fault, OwnToxiproxy};
 use zlink_e2e::*;
 
-fn servers(addrs: &[String], extra: &str) -> String {
-    addrs
-        .iter()
-        .map(|a| format!("        server {a} {extra};"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn hostport(base: &str) -> String {
-    base.trim_start_matches("http://").to_string()
-}
-
 /// A last-resort host (its nginx) in front of `lr`, reading S3 under `prefix`.
 async fn lastresort_host(infra: &Infra, lrs: &[String], prefix: &str, click_log: &str) -> OwnNginx {
+    // A long window: within this test a frozen process is tried exactly once.
+    let lr_servers = upstream_servers(lrs, "max_fails=1 fail_timeout=60s");
     OwnNginx::start(
         "lastresort.conf",
-        &[
-            (
-                "LASTRESORT_SERVERS",
-                // A long window: within this test a frozen process is tried exactly once.
-                servers(lrs, "max_fails=1 fail_timeout=60s"),
-            ),
-            ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
-            ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
-            ("S3_BUCKET", infra.s3_bucket.clone()),
-            ("S3_PREFIX", prefix.to_string()),
-            (
-                "STATIC",
-                repo_root().join("nginx/static").display().to_string(),
-            ),
-            ("CLICK_LOG", click_log.to_string()),
-        ],
+        &lastresort_host_values(lr_servers, infra, prefix, click_log),
     )
     .await
 }
@@ -54,11 +29,11 @@ async fn frontend(primaries: &[String], lastresort_host: &str) -> OwnNginx {
         &[
             (
                 "PRIMARY_SERVERS",
-                servers(primaries, "max_fails=1 fail_timeout=60s"),
+                upstream_servers(primaries, "max_fails=1 fail_timeout=60s"),
             ),
             (
                 "LASTRESORT_HOST_SERVERS",
-                servers(&[hostport(lastresort_host)], "max_fails=1 fail_timeout=60s"),
+                upstream_servers(&[hostport(lastresort_host)], "max_fails=1 fail_timeout=60s"),
             ),
         ],
     )
@@ -155,22 +130,8 @@ async fn hung_and_slow_tiers_cost_one_timeout_each_and_every_click_is_counted_on
     // Arrange: one primary process (to be frozen), the replicator, one lastresort process
     // behind its host nginx, the frontend, and the click counter.
     let infra = Infra::from_env();
-    let ks = fresh_keyspace(&infra).await;
-    let n = names(&ks);
-    let topic = format!("clicks-{ks}");
-    create_topics(
-        &infra.kafka,
-        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
-    )
-    .await;
-    let flags = [
-        "--kafka",
-        &infra.kafka,
-        "--links-topic",
-        &n.links_topic,
-        "--clicks-topic",
-        &topic,
-    ];
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
+    let flags = kafka_flags(&infra, &n, &topic);
     // The API (links, keys, stats) goes to an in-process primary; redirects to the process.
     let api = spawn_primary(&infra, &ks, &flags, None).await;
     let key = create_key(&api.state, "hang", true).await;
@@ -396,14 +357,7 @@ async fn hung_and_slow_tiers_cost_one_timeout_each_and_every_click_is_counted_on
 async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once() {
     // Arrange: the primary reaches the store through a fault proxy; lastresort has S3.
     let infra = Infra::from_env();
-    let ks = fresh_keyspace(&infra).await;
-    let n = names(&ks);
-    let topic = format!("clicks-{ks}");
-    create_topics(
-        &infra.kafka,
-        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
-    )
-    .await;
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
     let toxi = OwnToxiproxy::start().await;
     let store = toxi.proxy("store", &infra.cql).await;
     let p = spawn_primary(

@@ -14,18 +14,6 @@ fn common() -> Vec<(&'static str, String)> {
     Vec::new()
 }
 
-fn servers(addrs: &[String], extra: &str) -> String {
-    addrs
-        .iter()
-        .map(|a| format!("        server {a} {extra};"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-fn hostport(base: &str) -> String {
-    base.trim_start_matches("http://").to_string()
-}
-
 #[test]
 fn the_configs_up_generates_pass_nginx_t() {
     let run = TempDir::new("nginx-render");
@@ -75,22 +63,8 @@ async fn get(url: &str, ua: &str) -> reqwest::Response {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_once() {
     let infra = Infra::from_env();
-    let ks = fresh_keyspace(&infra).await;
-    let n = names(&ks);
-    let topic = format!("clicks-{ks}");
-    create_topics(
-        &infra.kafka,
-        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
-    )
-    .await;
-    let flags = [
-        "--kafka",
-        &infra.kafka,
-        "--links-topic",
-        &n.links_topic,
-        "--clicks-topic",
-        &topic,
-    ];
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
+    let flags = kafka_flags(&infra, &n, &topic);
     let p1 = spawn_primary(&infra, &ks, &flags, None).await;
     let p2 = spawn_primary(&infra, &ks, &flags, None).await;
     let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
@@ -126,35 +100,25 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         &click_log,
     ];
     let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
-    let mut lr_values = common();
-    lr_values.extend([
-        (
-            "LASTRESORT_SERVERS",
-            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
-        ),
-        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
-        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
-        ("S3_BUCKET", infra.s3_bucket.clone()),
-        ("S3_PREFIX", n.s3_prefix.clone()),
-        (
-            "STATIC",
-            repo_root().join("nginx/static").display().to_string(),
-        ),
-        ("CLICK_LOG", click_log.clone()),
-    ]);
+    let lr_values = lastresort_host_values(
+        upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
+        &infra,
+        &n.s3_prefix,
+        &click_log,
+    );
     let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
     let mut fe_values = common();
     fe_values.extend([
         (
             "PRIMARY_SERVERS",
-            servers(
+            upstream_servers(
                 &[hostport(&p1.base), hostport(&p2.base)],
                 "max_fails=1 fail_timeout=5s",
             ),
         ),
         (
             "LASTRESORT_HOST_SERVERS",
-            servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
         ),
     ]);
     let fe = OwnNginx::start("frontend.conf", &fe_values).await;
@@ -350,31 +314,9 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     replicator.stop().await;
 }
 
-fn lastresort_host_values(
-    lr_servers: String,
-    infra: &Infra,
-    prefix: &str,
-    click_log: &str,
-) -> Vec<(&'static str, String)> {
-    let mut v = common();
-    v.extend([
-        ("LASTRESORT_SERVERS", lr_servers),
-        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
-        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
-        ("S3_BUCKET", infra.s3_bucket.clone()),
-        ("S3_PREFIX", prefix.to_string()),
-        (
-            "STATIC",
-            repo_root().join("nginx/static").display().to_string(),
-        ),
-        ("CLICK_LOG", click_log.to_string()),
-    ]);
-    v
-}
-
 /// A port nothing listens on: a lastresort host whose processes are all down (rung 3).
 fn dead_server() -> String {
-    servers(
+    upstream_servers(
         &[format!("127.0.0.1:{}", free_port())],
         "max_fails=1 fail_timeout=5s",
     )
@@ -383,22 +325,8 @@ fn dead_server() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_admin_takedown_reaches_every_rung_within_5_s_and_rung_3_answers_410() {
     let infra = Infra::from_env();
-    let ks = fresh_keyspace(&infra).await;
-    let n = names(&ks);
-    let topic = format!("clicks-{ks}");
-    create_topics(
-        &infra.kafka,
-        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
-    )
-    .await;
-    let flags = [
-        "--kafka",
-        &infra.kafka,
-        "--links-topic",
-        &n.links_topic,
-        "--clicks-topic",
-        &topic,
-    ];
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
+    let flags = kafka_flags(&infra, &n, &topic);
     let p = spawn_primary(&infra, &ks, &flags, None).await;
     let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
     let owner = create_key(&p.state, "alice", false).await;
@@ -435,7 +363,7 @@ async fn an_admin_takedown_reaches_every_rung_within_5_s_and_rung_3_answers_410(
     let rung2 = OwnNginx::start(
         "lastresort.conf",
         &lastresort_host_values(
-            servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
             &infra,
             &n.s3_prefix,
             &click_log,
@@ -451,11 +379,11 @@ async fn an_admin_takedown_reaches_every_rung_within_5_s_and_rung_3_answers_410(
     fe_values.extend([
         (
             "PRIMARY_SERVERS",
-            servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
         ),
         (
             "LASTRESORT_HOST_SERVERS",
-            servers(&[hostport(&rung2.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[hostport(&rung2.base)], "max_fails=1 fail_timeout=5s"),
         ),
     ]);
     let fe = OwnNginx::start("frontend.conf", &fe_values).await;
@@ -594,7 +522,7 @@ async fn nginx_limits_each_address_and_exempts_the_load_generator() {
         ("LIMIT_API_BURST", "2".into()),
         (
             "PRIMARY_SERVERS",
-            servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
         ),
         ("LASTRESORT_HOST_SERVERS", dead_server()),
     ]);

@@ -11,16 +11,6 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::events::LinkEventKind;
 
-async fn patch_status(base: &str, key: &str, slug: &str, status: &str) -> reqwest::Response {
-    client()
-        .patch(format!("{base}/api/v1/links/{slug}"))
-        .bearer_auth(key)
-        .json(&json!({ "status": status }))
-        .send()
-        .await
-        .expect("request")
-}
-
 async fn get(url: &str) -> reqwest::Response {
     client().get(url).send().await.expect("request")
 }

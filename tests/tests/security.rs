@@ -193,13 +193,7 @@ async fn bad_slugs_get_422_json_store_nothing_and_never_crash_a_redirect() {
 }
 
 async fn status_of(base: &str, key: &str, slug: &str, status: &str) -> (StatusCode, Value) {
-    let r = client()
-        .patch(format!("{base}/api/v1/links/{slug}"))
-        .bearer_auth(key)
-        .json(&json!({ "status": status }))
-        .send()
-        .await
-        .unwrap();
+    let r = patch_status(base, key, slug, status).await;
     let s = r.status();
     (s, r.json().await.unwrap())
 }
