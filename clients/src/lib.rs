@@ -8,6 +8,7 @@
 //! - [`process`]: logging and shutdown signals for every binary.
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
 //! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
+//! - [`trace`]: W3C trace context, spans exported over OTLP, sampled request logs.
 //! - [`Secret`]: a config value that never prints.
 
 pub mod breaker;
@@ -17,6 +18,7 @@ pub mod memcache;
 pub mod process;
 pub mod s3;
 pub mod spool;
+pub mod trace;
 
 use std::fmt;
 

@@ -1,9 +1,18 @@
 //! Process plumbing every zlink binary shares: logging and shutdown signals.
 
+use serde_json::{Map, Value};
+use std::fmt;
 use tokio_util::sync::CancellationToken;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// `tracing` to stderr (stdout carries command output, e.g. a created API key), filtered by
-/// `RUST_LOG` (default info), JSON when `ZLINK_LOG_FORMAT=json`, colours only on a terminal.
+/// `RUST_LOG` (default info), colours only on a terminal. With `ZLINK_LOG_FORMAT=json`, one
+/// flat JSON object per line ([`FlatJson`]): the fields of every enclosing span (a request's
+/// `trace_id`, `slug`…) at the top level beside the event's own.
 pub fn init_tracing() {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -13,9 +22,89 @@ pub fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if std::env::var("ZLINK_LOG_FORMAT").as_deref() == Ok("json") {
-        builder.json().init();
+        builder
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .init();
     } else {
         builder.init();
+    }
+}
+
+/// One JSON object per event: `ts`, `level`, `span` (the innermost span's name), the fields of
+/// every enclosing span (outer first, inner wins), then the event's fields (`message` among
+/// them). Span fields are kept as JSON by [`JsonFields`] when the span opens and parsed only
+/// when an event is written, so spans that log nothing cost no parsing.
+pub struct FlatJson;
+
+impl<S> FormatEvent<S, JsonFields> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, JsonFields>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut obj = Map::new();
+        obj.insert(
+            "ts".into(),
+            chrono::Utc::now()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                .into(),
+        );
+        obj.insert(
+            "level".into(),
+            event
+                .metadata()
+                .level()
+                .as_str()
+                .to_ascii_lowercase()
+                .into(),
+        );
+        if let Some(scope) = ctx.event_scope() {
+            let mut innermost = None;
+            for span in scope.from_root() {
+                innermost = Some(span.name());
+                let ext = span.extensions();
+                if let Some(f) = ext.get::<FormattedFields<JsonFields>>() {
+                    if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(f) {
+                        obj.extend(fields);
+                    }
+                }
+            }
+            if let Some(name) = innermost {
+                obj.insert("span".into(), name.into());
+            }
+        }
+        event.record(&mut Fields(&mut obj));
+        writeln!(writer, "{}", Value::Object(obj))
+    }
+}
+
+/// An event's fields into a JSON object (strings escaped by serde_json).
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
     }
 }
 
@@ -37,4 +126,50 @@ pub fn shutdown_on_signals() -> CancellationToken {
         t.cancel();
     });
     token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_the_enclosing_spans_fields_at_the_top_level() {
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            let outer = tracing::info_span!("redirect.handle", trace_id = "4bf9", slug = "x");
+            let _o = outer.enter();
+            let inner = tracing::info_span!("memcached.get", slug = "y\"</script>");
+            let _i = inner.enter();
+            tracing::warn!(status_code = 302u64, ok = true, "a \"quoted\" message");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let line: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(line["trace_id"], "4bf9");
+        assert_eq!(line["slug"], "y\"</script>", "the inner span wins");
+        assert_eq!(line["span"], "memcached.get");
+        assert_eq!(line["level"], "warn");
+        assert_eq!(line["status_code"], 302);
+        assert_eq!(line["message"], "a \"quoted\" message");
+        assert!(line["ts"].as_str().unwrap().ends_with('Z'));
+    }
 }

@@ -1,0 +1,538 @@
+//! Distributed traces (W3C Trace Context) and sampled request logs, shared by every tier.
+//!
+//! - A request's [`TraceContext`] comes from its `traceparent` header when a trusted proxy sent
+//!   it (the frontend nginx starts one per request from `$request_id`), else is started here.
+//! - It travels with the work: as the `traceparent` Kafka header of link events (primary's
+//!   outbox → replicator → S3 write) and of clicks (spool record → replay), so every hop's
+//!   spans and log lines carry the same `trace_id`.
+//! - Every log line emitted inside a request span has `trace_id` as a top-level field (JSON
+//!   logs, [`crate::process::init_tracing`]).
+//! - Spans ([`Span`]) are exported over OTLP/HTTP (protobuf, `<endpoint>/v1/traces`) only when
+//!   `--otlp-endpoint` is set, and only for sampled traces: the parent's sampled flag, or the
+//!   trace id under `--trace-sample-ratio` (a pure function of the id, so every tier picks the
+//!   same traces without coordination). Without an endpoint a span is two random ids and no
+//!   allocation.
+//! - Redirect log lines are sampled ([`TraceArgs::log_sample_ratio`] of hits from the local
+//!   cache; misses and errors always).
+
+use rand::Rng;
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+/// The header (HTTP and Kafka) carrying a [`TraceContext`].
+pub const TRACEPARENT: &str = "traceparent";
+
+/// Tracing settings every service's command line shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TraceArgs {
+    /// OTLP/HTTP collector base URL (e.g. http://127.0.0.1:4318); spans go to
+    /// `<endpoint>/v1/traces` as protobuf. Empty (the default): no span is exported; trace ids
+    /// still travel and appear in logs.
+    #[arg(long, env = "ZLINK_OTLP_ENDPOINT", default_value = "")]
+    pub otlp_endpoint: String,
+    /// Share of traces exported (0..=1) when no upstream already sampled them.
+    #[arg(long, env = "ZLINK_TRACE_SAMPLE_RATIO", default_value_t = 0.01)]
+    pub trace_sample_ratio: f64,
+    /// Share of redirect hits from the local cache that are logged (0..=1); misses and errors
+    /// are always logged.
+    #[arg(long, env = "ZLINK_LOG_SAMPLE_RATIO", default_value_t = 0.01)]
+    pub log_sample_ratio: f64,
+}
+
+impl TraceArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("--trace-sample-ratio", self.trace_sample_ratio),
+            ("--log-sample-ratio", self.log_sample_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be between 0 and 1"));
+            }
+        }
+        let e = self.otlp_endpoint.trim();
+        if !e.is_empty() && !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err("--otlp-endpoint must be an http:// or https:// URL".into());
+        }
+        Ok(())
+    }
+}
+
+/// One span's place in a trace: W3C `traceparent` version 00.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TraceContext {
+    pub trace_id: u128,
+    pub span_id: u64,
+    pub sampled: bool,
+}
+
+/// A trace id printed as 32 lowercase hex digits, without allocating.
+#[derive(Clone, Copy)]
+pub struct TraceId(pub u128);
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl TraceContext {
+    /// Parses a `traceparent` value. Version 00 must be exactly `00-<32 hex>-<16 hex>-<2 hex>`;
+    /// a later version may append fields after a dash (ignored), `ff` is invalid, as are
+    /// all-zero ids and uppercase hex (W3C Trace Context §3.2).
+    pub fn parse(v: &str) -> Option<TraceContext> {
+        let b = v.trim().as_bytes();
+        if b.len() < 55 || (b.len() > 55 && b[55] != b'-') {
+            return None;
+        }
+        fn hex(s: &[u8]) -> Option<&str> {
+            s.iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+                .then(|| std::str::from_utf8(s).ok())
+                .flatten()
+        }
+        let version = hex(&b[0..2])?;
+        if version == "ff" || (version == "00" && b.len() != 55) {
+            return None;
+        }
+        if b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+            return None;
+        }
+        let trace_id = u128::from_str_radix(hex(&b[3..35])?, 16).ok()?;
+        let span_id = u64::from_str_radix(hex(&b[36..52])?, 16).ok()?;
+        let flags = u8::from_str_radix(hex(&b[53..55])?, 16).ok()?;
+        (trace_id != 0 && span_id != 0).then_some(TraceContext {
+            trace_id,
+            span_id,
+            sampled: flags & 1 == 1,
+        })
+    }
+
+    /// A new trace, sampled by [`TraceArgs::trace_sample_ratio`].
+    pub fn root() -> TraceContext {
+        let mut rng = rand::rng();
+        let trace_id = rng.random::<u128>().max(1);
+        TraceContext {
+            trace_id,
+            span_id: rng.random::<u64>().max(1),
+            sampled: ratio_sampled(trace_id, settings().trace_sample_ratio),
+        }
+    }
+
+    /// The context of a request or message that arrived with `traceparent` (a remote parent),
+    /// or a new root. An unsampled parent may still be sampled by ratio: the decision is a
+    /// function of the trace id, the same on every tier.
+    pub fn continue_from(parent: Option<&str>) -> TraceContext {
+        match parent.and_then(TraceContext::parse) {
+            Some(p) => TraceContext {
+                sampled: p.sampled || ratio_sampled(p.trace_id, settings().trace_sample_ratio),
+                ..p
+            },
+            None => TraceContext::root(),
+        }
+    }
+
+    /// A child: same trace and decision, new span id.
+    pub fn child(&self) -> TraceContext {
+        TraceContext {
+            span_id: rand::rng().random::<u64>().max(1),
+            ..*self
+        }
+    }
+
+    pub fn trace_id(&self) -> TraceId {
+        TraceId(self.trace_id)
+    }
+
+    /// The `traceparent` value naming this span as the parent of the next hop.
+    pub fn header(&self) -> String {
+        format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id,
+            self.span_id,
+            u8::from(self.sampled)
+        )
+    }
+}
+
+/// True for the share `ratio` of trace ids: the id's low 64 bits (random in every W3C id)
+/// against the ratio's share of their range.
+fn ratio_sampled(trace_id: u128, ratio: f64) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    let bound = (ratio.max(0.0) * u64::MAX as f64) as u64;
+    (trace_id as u64) < bound
+}
+
+/// The process's trace settings: set once by [`init`]; defaults (nothing exported, 1% sampled)
+/// until then, e.g. in unit tests.
+struct Settings {
+    trace_sample_ratio: f64,
+    log_sample_ratio: f64,
+    exporter: Option<export::Exporter>,
+}
+
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
+
+fn settings() -> &'static Settings {
+    SETTINGS.get_or_init(|| Settings {
+        trace_sample_ratio: 0.01,
+        log_sample_ratio: 0.01,
+        exporter: None,
+    })
+}
+
+/// Applies `args` for this process (`service` names it in exported spans). Call once, inside
+/// the Tokio runtime, before serving; a second call is ignored.
+pub fn init(args: &TraceArgs, service: &str) -> Result<(), String> {
+    args.validate()?;
+    let endpoint = args.otlp_endpoint.trim();
+    let exporter = if endpoint.is_empty() {
+        None
+    } else {
+        Some(export::Exporter::new(endpoint, service)?)
+    };
+    if SETTINGS
+        .set(Settings {
+            trace_sample_ratio: args.trace_sample_ratio,
+            log_sample_ratio: args.log_sample_ratio,
+            exporter,
+        })
+        .is_err()
+    {
+        tracing::warn!("trace settings were already applied; ignoring the second init");
+    } else if !endpoint.is_empty() {
+        tracing::info!(
+            endpoint,
+            ratio = args.trace_sample_ratio,
+            "exporting spans over OTLP"
+        );
+    }
+    Ok(())
+}
+
+/// Sends the spans still buffered (at shutdown; bounded by the exporter's timeout).
+pub fn flush() {
+    if let Some(e) = &settings().exporter {
+        e.flush();
+    }
+}
+
+/// Whether a redirect hit from the local cache is logged this time.
+pub fn log_hit() -> bool {
+    let r = settings().log_sample_ratio;
+    r >= 1.0 || (r > 0.0 && rand::rng().random::<f64>() < r)
+}
+
+/// An attribute value of a span.
+#[derive(Debug, Clone)]
+pub enum Value {
+    Str(String),
+    Static(&'static str),
+    Int(i64),
+    Bool(bool),
+}
+
+impl From<&'static str> for Value {
+    fn from(v: &'static str) -> Self {
+        Value::Static(v)
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Str(v)
+    }
+}
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+impl From<u16> for Value {
+    fn from(v: u16) -> Self {
+        Value::Int(i64::from(v))
+    }
+}
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::Bool(v)
+    }
+}
+
+/// One unit of work in a trace (`redirect.handle`, `memcached.get`, `s3.put`…). Its
+/// [`ctx`](Span::ctx) is what children and the next hop continue from. Recorded only when the
+/// trace is sampled and an exporter is configured; otherwise attributes are dropped unread.
+pub struct Span {
+    ctx: TraceContext,
+    recording: Option<Box<Recording>>,
+}
+
+struct Recording {
+    name: &'static str,
+    parent_span_id: u64,
+    /// The parent came from another process (header), not from a span of ours.
+    remote_parent: bool,
+    start: SystemTime,
+    attrs: Vec<(&'static str, Value)>,
+    error: Option<String>,
+}
+
+impl Span {
+    /// A child span of `parent` (a span of this process).
+    pub fn child(name: &'static str, parent: &TraceContext) -> Span {
+        Span::start(name, parent, false)
+    }
+
+    /// The first span of this process for work that arrived with `parent` (from a header).
+    pub fn remote_child(name: &'static str, parent: &TraceContext) -> Span {
+        Span::start(name, parent, true)
+    }
+
+    fn start(name: &'static str, parent: &TraceContext, remote_parent: bool) -> Span {
+        let ctx = parent.child();
+        let recording = (ctx.sampled && settings().exporter.is_some()).then(|| {
+            Box::new(Recording {
+                name,
+                parent_span_id: parent.span_id,
+                remote_parent,
+                start: SystemTime::now(),
+                attrs: Vec::new(),
+                error: None,
+            })
+        });
+        Span { ctx, recording }
+    }
+
+    pub fn ctx(&self) -> &TraceContext {
+        &self.ctx
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.recording.is_some()
+    }
+
+    /// Sets an attribute (ignored unless recording).
+    pub fn set(&mut self, key: &'static str, value: impl Into<Value>) {
+        if let Some(r) = &mut self.recording {
+            r.attrs.push((key, value.into()));
+        }
+    }
+
+    /// Marks the span failed (ignored unless recording).
+    pub fn fail(&mut self, error: &dyn fmt::Display) {
+        if let Some(r) = &mut self.recording {
+            r.error = Some(error.to_string());
+        }
+    }
+
+    /// Ends the span now (dropping it does the same).
+    pub fn end(self) {}
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        if let (Some(r), Some(e)) = (self.recording.take(), &settings().exporter) {
+            e.record(&self.ctx, *r, SystemTime::now());
+        }
+    }
+}
+
+mod export {
+    //! OTLP export through the OpenTelemetry SDK: our spans (ids chosen by us, times measured
+    //! by us) become SDK `SpanData` handed to its batch processor, which posts them from its
+    //! own thread. The HTTP client is reqwest on the service's runtime.
+    use super::{Recording, TraceContext, Value};
+    use opentelemetry::trace::{
+        SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+    };
+    use opentelemetry::{InstrumentationScope, KeyValue};
+    use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+    use opentelemetry_sdk::trace::{BatchSpanProcessor, SpanData, SpanProcessor};
+    use std::time::{Duration, SystemTime};
+
+    pub struct Exporter {
+        processor: BatchSpanProcessor,
+        scope: InstrumentationScope,
+    }
+
+    impl Exporter {
+        pub fn new(endpoint: &str, service: &str) -> Result<Exporter, String> {
+            let handle = tokio::runtime::Handle::try_current()
+                .map_err(|_| "trace export must start inside the Tokio runtime".to_string())?;
+            let client = RuntimeClient {
+                client: reqwest::Client::builder()
+                    .timeout(Duration::from_secs(5))
+                    .build()
+                    .map_err(|e| format!("OTLP HTTP client: {e}"))?,
+                handle,
+            };
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+                .with_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(|e| format!("OTLP exporter: {e}"))?;
+            let mut processor = BatchSpanProcessor::builder(exporter).build();
+            processor.set_resource(
+                &opentelemetry_sdk::Resource::builder()
+                    .with_service_name(service.to_string())
+                    .build(),
+            );
+            Ok(Exporter {
+                processor,
+                scope: InstrumentationScope::builder("zlink").build(),
+            })
+        }
+
+        pub fn record(&self, ctx: &TraceContext, r: Recording, end: SystemTime) {
+            let attributes = r
+                .attrs
+                .into_iter()
+                .map(|(k, v)| match v {
+                    Value::Str(s) => KeyValue::new(k, s),
+                    Value::Static(s) => KeyValue::new(k, s),
+                    Value::Int(i) => KeyValue::new(k, i),
+                    Value::Bool(b) => KeyValue::new(k, b),
+                })
+                .collect();
+            self.processor.on_end(SpanData {
+                span_context: SpanContext::new(
+                    TraceId::from(ctx.trace_id),
+                    SpanId::from(ctx.span_id),
+                    TraceFlags::SAMPLED,
+                    false,
+                    TraceState::default(),
+                ),
+                parent_span_id: SpanId::from(r.parent_span_id),
+                parent_span_is_remote: r.remote_parent,
+                span_kind: if r.remote_parent {
+                    SpanKind::Server
+                } else {
+                    SpanKind::Internal
+                },
+                name: r.name.into(),
+                start_time: r.start,
+                end_time: end,
+                attributes,
+                dropped_attributes_count: 0,
+                events: Default::default(),
+                links: Default::default(),
+                status: match r.error {
+                    Some(e) => Status::error(e),
+                    None => Status::Unset,
+                },
+                instrumentation_scope: self.scope.clone(),
+            });
+        }
+
+        pub fn flush(&self) {
+            if let Err(e) = self.processor.force_flush() {
+                tracing::warn!(error = %e, "flushing spans failed");
+            }
+        }
+    }
+
+    /// OTLP's HTTP client: reqwest on the service's Tokio runtime (the SDK's batch thread
+    /// has none of its own).
+    #[derive(Debug)]
+    struct RuntimeClient {
+        client: reqwest::Client,
+        handle: tokio::runtime::Handle,
+    }
+
+    #[async_trait::async_trait]
+    impl opentelemetry_http::HttpClient for RuntimeClient {
+        async fn send_bytes(
+            &self,
+            request: http::Request<bytes::Bytes>,
+        ) -> Result<http::Response<bytes::Bytes>, opentelemetry_http::HttpError> {
+            let client = self.client.clone();
+            let request = reqwest::Request::try_from(request)?;
+            let sent = self.handle.spawn(async move {
+                let resp = client.execute(request).await?;
+                let mut out = http::Response::builder().status(resp.status());
+                if let Some(h) = out.headers_mut() {
+                    *h = resp.headers().clone();
+                }
+                let body = resp.bytes().await?;
+                Ok::<_, reqwest::Error>(out.body(body))
+            });
+            Ok(sent.await???)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_round_trips_and_rejects_what_w3c_rejects() {
+        let v = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = TraceContext::parse(v).unwrap();
+        assert_eq!(t.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_eq!(t.span_id, 0x00f067aa0ba902b7);
+        assert!(t.sampled);
+        assert_eq!(t.header(), v);
+        assert_eq!(t.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        // A later version may add fields.
+        assert!(TraceContext::parse(&format!("01{}-extra", &v[2..])).is_some());
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "é0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceContext::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn children_keep_the_trace_and_the_decision() {
+        let p = TraceContext::continue_from(Some(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        let c = p.child();
+        assert_eq!((c.trace_id, c.sampled), (p.trace_id, true));
+        assert_ne!(c.span_id, p.span_id);
+        // Garbage starts a new trace.
+        let r = TraceContext::continue_from(Some("nonsense"));
+        assert_ne!(r.trace_id, p.trace_id);
+        assert!(TraceContext::parse(&r.header()).is_some());
+    }
+
+    #[test]
+    fn ratio_sampling_is_a_function_of_the_id() {
+        assert!(!ratio_sampled(u128::MAX, 0.0));
+        assert!(ratio_sampled(u128::MAX, 1.0));
+        assert!(ratio_sampled(5, 0.01));
+        assert!(!ratio_sampled(u128::from(u64::MAX - 5), 0.01));
+        let n = (0..10_000u128)
+            .filter(|i| {
+                ratio_sampled(
+                    i.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
+                    0.1,
+                )
+            })
+            .count();
+        assert!((800..1200).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn spans_without_an_exporter_record_nothing() {
+        let p = TraceContext::root();
+        let mut s = Span::child("redirect.handle", &p);
+        s.set("slug", "abc");
+        assert!(!s.is_recording());
+        assert_eq!(s.ctx().trace_id, p.trace_id);
+    }
+}
