@@ -29,18 +29,16 @@ fn bench(c: &mut Criterion) {
     let h = headers();
     let peer = "127.0.0.1".parse().unwrap();
     let trusted: clicks::TrustedProxies = clicks::DEFAULT_TRUSTED_PROXIES.parse().unwrap();
+    let trace = zlink_clients::trace::TraceContext::root();
     let mut g = c.benchmark_group("click");
     g.throughput(Throughput::Elements(1));
     g.bench_function("event+frame", |b| {
         b.iter(|| {
             let origin = trusted.origin(peer, &h, 1);
-            clicks::frame(&clicks::event(
-                Tier::Lastresort,
-                "salt",
-                "aB3dE5f",
-                &origin,
-                &h,
-            ))
+            clicks::frame(
+                &clicks::event(Tier::Lastresort, "salt", "aB3dE5f", &origin, &h),
+                Some(&trace),
+            )
         })
     });
     let dir = std::env::temp_dir().join(format!("zlink-bench-spool-{}", std::process::id()));
@@ -50,13 +48,16 @@ fn bench(c: &mut Criterion) {
         ..SpoolConfig::new(&dir)
     };
     let (spool, _reader, _) = Spool::open(cfg).expect("spool");
-    let rec = clicks::frame(&clicks::event(
-        Tier::Lastresort,
-        "salt",
-        "aB3dE5f",
-        &trusted.origin(peer, &h, 1),
-        &h,
-    ));
+    let rec = clicks::frame(
+        &clicks::event(
+            Tier::Lastresort,
+            "salt",
+            "aB3dE5f",
+            &trusted.origin(peer, &h, 1),
+            &h,
+        ),
+        Some(&trace),
+    );
     g.bench_function("spool append (write, fsync every 1024 or 20 ms)", |b| {
         b.iter(|| spool.append(&rec).expect("append"))
     });

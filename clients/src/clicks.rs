@@ -8,13 +8,16 @@
 //! deduplicates on it; nothing is ever skipped.
 
 use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
+use crate::trace::{Span, TraceContext};
 use http::{header, HeaderMap};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rand::Rng;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sha2::{Digest, Sha256};
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -229,6 +232,13 @@ pub struct Origin {
     pub client: IpAddr,
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// nginx's `$msec` ("1795328181.123") in milliseconds, without going through floats.
 pub fn msec_to_ms(msec: &str) -> Option<i64> {
     let (secs, frac) = msec.split_once('.').unwrap_or((msec, "0"));
@@ -300,24 +310,66 @@ pub fn event(
     }
 }
 
-/// A spool record: `[slug length u8][slug][event JSON]`, so the replayer has the Kafka key
-/// without parsing the event.
-pub fn frame(ev: &ClickEvent) -> Vec<u8> {
+/// First byte of a current spool record. Records written before traces travelled start with
+/// the slug's length (at most 64), so both kinds are told apart and both are replayed.
+const FRAME_V2: u8 = 0xFE;
+
+/// A spool record: `[0xFE][click time ms, i64 BE][traceparent length u8][traceparent]
+/// [slug length u8][slug][event JSON]`, so the replayer has the Kafka key, the trace header
+/// and the backlog's age without parsing the event. (Older records: `[slug length][slug]
+/// [event JSON]`.)
+pub fn frame(ev: &ClickEvent, trace: Option<&TraceContext>) -> Vec<u8> {
     // A plain struct of strings and numbers: serialisation cannot fail.
     let json = serde_json::to_vec(ev).unwrap_or_default();
-    let key = ev.slug.as_bytes();
-    let mut out = Vec::with_capacity(1 + key.len() + json.len());
-    out.push(key.len().min(255) as u8);
-    out.extend_from_slice(&key[..key.len().min(255)]);
+    let key = &ev.slug.as_bytes()[..ev.slug.len().min(255)];
+    let tp = trace.map(TraceContext::header).unwrap_or_default();
+    let mut out = Vec::with_capacity(12 + tp.len() + key.len() + json.len());
+    out.push(FRAME_V2);
+    out.extend_from_slice(&ev.at_ms.to_be_bytes());
+    out.push(tp.len() as u8);
+    out.extend_from_slice(tp.as_bytes());
+    out.push(key.len() as u8);
+    out.extend_from_slice(key);
     out.extend_from_slice(&json);
     out
 }
 
-/// (key, value) of a spool record.
-pub fn unframe(rec: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (&n, rest) = rec.split_first()?;
+/// A spool record's parts (see [`frame`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Framed<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    /// The click's time (absent in records from before traces travelled).
+    pub at_ms: Option<i64>,
+    pub traceparent: Option<&'a str>,
+}
+
+/// Splits a spool record; `None` if it is not one of ours.
+pub fn unframe(rec: &[u8]) -> Option<Framed<'_>> {
+    fn take(b: &[u8], n: usize) -> Option<(&[u8], &[u8])> {
+        (b.len() >= n).then(|| b.split_at(n))
+    }
+    let (&first, rest) = rec.split_first()?;
+    let (at_ms, traceparent, rest) = if first == FRAME_V2 {
+        let (at, rest) = take(rest, 8)?;
+        let (&n, rest) = rest.split_first()?;
+        let (tp, rest) = take(rest, usize::from(n))?;
+        let tp = std::str::from_utf8(tp).ok().filter(|t| !t.is_empty());
+        (Some(i64::from_be_bytes(at.try_into().ok()?)), tp, rest)
+    } else {
+        (None, None, rec)
+    };
+    let (&n, rest) = rest.split_first()?;
     let n = usize::from(n);
-    (rest.len() > n).then(|| rest.split_at(n))
+    (rest.len() > n).then(|| {
+        let (key, value) = rest.split_at(n);
+        Framed {
+            key,
+            value,
+            at_ms,
+            traceparent,
+        }
+    })
 }
 
 /// Click metrics, registered into the service's registry (so under its prefix).
@@ -332,6 +384,10 @@ pub struct ClickMetrics {
     pub corrupt_skipped: IntGauge,
     pub replayed: IntCounter,
     pub replay_failures: IntCounter,
+    /// Age of the oldest click not yet acknowledged by Kafka (0 when none is pending).
+    pub oldest_age: prometheus::Gauge,
+    /// Click time of the record at the head of the replayer's current batch; 0: none.
+    head_at_ms: Arc<AtomicI64>,
 }
 
 impl ClickMetrics {
@@ -370,6 +426,11 @@ impl ClickMetrics {
                 "clicks_replay_failures_total",
                 "Batches Kafka did not acknowledge (resent after backoff)",
             )?,
+            oldest_age: prometheus::Gauge::new(
+                "spool_oldest_age_seconds",
+                "Age of the oldest spooled click not yet acknowledged by Kafka (0: none pending)",
+            )?,
+            head_at_ms: Arc::new(AtomicI64::new(0)),
         };
         registry.register(Box::new(m.spooled.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;
@@ -380,6 +441,7 @@ impl ClickMetrics {
         registry.register(Box::new(m.corrupt_skipped.clone()))?;
         registry.register(Box::new(m.replayed.clone()))?;
         registry.register(Box::new(m.replay_failures.clone()))?;
+        registry.register(Box::new(m.oldest_age.clone()))?;
         Ok(m)
     }
 
@@ -389,6 +451,25 @@ impl ClickMetrics {
         self.disk_bytes.set(s.disk_bytes as i64);
         self.io_errors.set(s.io_errors as i64);
         self.corrupt_skipped.set(s.corrupt_skipped as i64);
+        let head = self.head_at_ms.load(Ordering::Relaxed);
+        let age_ms = if s.pending == 0 || head == 0 {
+            0
+        } else {
+            (now_ms() - head).max(0)
+        };
+        self.oldest_age.set(age_ms as f64 / 1000.0);
+    }
+
+    /// Notes the click time of the oldest record the replayer holds (`None`: nothing pending).
+    fn head(&self, rec: Option<&[u8]>) {
+        let at = rec.and_then(unframe).and_then(|f| {
+            f.at_ms.or_else(|| {
+                serde_json::from_slice::<ClickEvent>(f.value)
+                    .ok()
+                    .map(|e| e.at_ms)
+            })
+        });
+        self.head_at_ms.store(at.unwrap_or(0), Ordering::Relaxed);
     }
 }
 
@@ -456,15 +537,17 @@ impl Clicks {
         now_ms: i64,
         peer: IpAddr,
         headers: &HeaderMap,
+        trace: Option<&TraceContext>,
     ) -> Option<Uuid> {
         let origin = self.trusted.origin(peer, headers, now_ms);
         let ev = event(self.tier, &self.salt, slug, &origin, headers);
-        self.spool_event(&ev).then_some(ev.id)
+        self.spool_event(&ev, trace).then_some(ev.id)
     }
 
-    /// Appends an event built elsewhere (primary builds its own); false if refused (counted).
-    pub fn spool_event(&self, ev: &ClickEvent) -> bool {
-        let r = self.spool.append(&frame(ev));
+    /// Appends an event built elsewhere (primary builds its own) under the redirect's trace,
+    /// which the replayer sends on as the message's `traceparent`; false if refused (counted).
+    pub fn spool_event(&self, ev: &ClickEvent, trace: Option<&TraceContext>) -> bool {
+        let r = self.spool.append(&frame(ev, trace));
         self.count(r)
     }
 
@@ -490,7 +573,7 @@ impl Clicks {
     /// Appends `events` in order and fsyncs them. Returns how many of them — always a prefix —
     /// are durable in the spool (the rest were refused, counted, and may be offered again).
     pub fn spool_durably(&self, events: &[ClickEvent]) -> usize {
-        let frames: Vec<Vec<u8>> = events.iter().map(frame).collect();
+        let frames: Vec<Vec<u8>> = events.iter().map(|e| frame(e, None)).collect();
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let mut accepted = 0;
         for r in self.spool.append_batch(&refs) {
@@ -562,21 +645,41 @@ async fn send_all(
 ) -> Result<(), String> {
     let mut acks = Vec::with_capacity(records.len());
     for rec in records {
-        let Some((key, value)) = unframe(rec) else {
+        let Some(f) = unframe(rec) else {
             // Checksummed, so written by us; an unframeable record would be a bug. Skip it
             // rather than block every click behind it.
             tracing::error!("click spool: record without a key; skipped");
             continue;
         };
-        match producer.send_result(FutureRecord::to(topic).key(key).payload(value)) {
-            Ok(ack) => acks.push(ack),
+        // The redirect's trace continues here: a `kafka.produce` span (exported if sampled),
+        // and the message's `traceparent` names it as the parent of the consumer's work.
+        let span = f.traceparent.and_then(TraceContext::parse).map(|parent| {
+            let mut s = Span::remote_child("kafka.produce", &parent);
+            s.set("topic", topic.to_string());
+            s
+        });
+        let mut record = FutureRecord::to(topic).key(f.key).payload(f.value);
+        let tp = span.as_ref().map(|s| s.ctx().header());
+        if let Some(tp) = &tp {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: crate::trace::TRACEPARENT,
+                value: Some(tp.as_str()),
+            }));
+        }
+        match producer.send_result(record) {
+            Ok(ack) => acks.push((ack, span)),
             Err((e, _)) => return Err(e.to_string()),
         }
     }
-    for ack in acks {
+    for (ack, span) in acks {
         match ack.await {
             Ok(Ok(_)) => {}
-            Ok(Err((e, _))) => return Err(e.to_string()),
+            Ok(Err((e, _))) => {
+                if let Some(mut s) = span {
+                    s.fail(&e);
+                }
+                return Err(e.to_string());
+            }
             Err(_) => return Err("producer dropped the message".into()),
         }
     }
@@ -615,6 +718,7 @@ async fn replay(
                 }
             }
         };
+        metrics.head(batch.records.first().map(Vec::as_slice));
         if batch.records.is_empty() {
             if batch.end.is_some() {
                 let r;
@@ -800,12 +904,28 @@ mod tests {
             client: ip("127.0.0.1"),
         };
         let ev = event(Tier::Lastresort, "salt", "abc-1", &origin, &h);
-        let rec = frame(&ev);
-        let (k, v) = unframe(&rec).unwrap();
-        assert_eq!(k, b"abc-1");
-        assert_eq!(serde_json::from_slice::<ClickEvent>(v).unwrap(), ev);
+        let trace = TraceContext::root();
+        let rec = frame(&ev, Some(&trace));
+        let f = unframe(&rec).unwrap();
+        assert_eq!(f.key, b"abc-1");
+        assert_eq!(serde_json::from_slice::<ClickEvent>(f.value).unwrap(), ev);
+        assert_eq!(f.at_ms, Some(7));
+        assert_eq!(f.traceparent, Some(trace.header().as_str()));
         assert_eq!(ev.ip_hash, ip_hash("salt", "127.0.0.1".parse().unwrap()));
+        let untraced = frame(&ev, None);
+        assert_eq!(unframe(&untraced).unwrap().traceparent, None);
+        // A record spooled by the previous release: [slug length][slug][json].
+        let mut old = vec![5u8];
+        old.extend_from_slice(b"abc-1");
+        old.extend_from_slice(f.value);
+        let o = unframe(&old).unwrap();
+        assert_eq!(
+            (o.key, o.value, o.at_ms, o.traceparent),
+            (&b"abc-1"[..], f.value, None, None)
+        );
         assert!(unframe(&[5, b'a']).is_none());
         assert!(unframe(&[]).is_none());
+        assert!(unframe(&[FRAME_V2, 1, 2]).is_none());
+        assert!(unframe(&[FRAME_V2, 0, 0, 0, 0, 0, 0, 0, 0, 60, b'x']).is_none());
     }
 }

@@ -51,7 +51,7 @@ impl TraceArgs {
             }
         }
         let e = self.otlp_endpoint.trim();
-        if !e.is_empty() && !(e.starts_with("http://") || e.starts_with("https://")) {
+        if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
             return Err("--otlp-endpoint must be an http:// or https:// URL".into());
         }
         Ok(())
@@ -124,11 +124,15 @@ impl TraceContext {
     /// function of the trace id, the same on every tier.
     pub fn continue_from(parent: Option<&str>) -> TraceContext {
         match parent.and_then(TraceContext::parse) {
-            Some(p) => TraceContext {
-                sampled: p.sampled || ratio_sampled(p.trace_id, settings().trace_sample_ratio),
-                ..p
-            },
+            Some(p) => TraceContext::continue_from_parsed(p),
             None => TraceContext::root(),
+        }
+    }
+
+    fn continue_from_parsed(p: TraceContext) -> TraceContext {
+        TraceContext {
+            sampled: p.sampled || ratio_sampled(p.trace_id, settings().trace_sample_ratio),
+            ..p
         }
     }
 
@@ -278,7 +282,47 @@ struct Recording {
     error: Option<String>,
 }
 
+tokio::task_local! {
+    /// The trace of the request or message this task is working on.
+    static CURRENT: TraceContext;
+}
+
+/// Runs `fut` with `ctx` as the [`current`] trace (what [`Span::in_current`] continues).
+pub async fn in_scope<F: std::future::Future>(ctx: TraceContext, fut: F) -> F::Output {
+    CURRENT.scope(ctx, fut).await
+}
+
+/// The trace of the work this task is doing, if it runs under [`in_scope`].
+pub fn current() -> Option<TraceContext> {
+    CURRENT.try_with(|c| *c).ok()
+}
+
 impl Span {
+    /// The first span of work that arrived over the network: a child of the caller's span when
+    /// it sent a valid `traceparent` (pass `None` for callers that are not trusted), else the
+    /// root of a new trace.
+    pub fn server(name: &'static str, traceparent: Option<&str>) -> Span {
+        if let Some(parent) = traceparent.and_then(TraceContext::parse) {
+            return Span::start(name, &TraceContext::continue_from_parsed(parent), true);
+        }
+        // A root: the new trace's first span id is this span's, and it has no parent.
+        let ctx = TraceContext::root();
+        let mut s = Span::start(name, &ctx, false);
+        s.ctx = ctx;
+        if let Some(r) = &mut s.recording {
+            r.parent_span_id = 0;
+        }
+        s
+    }
+
+    /// A child of the [`current`] trace (or a new root outside any).
+    pub fn in_current(name: &'static str) -> Span {
+        match current() {
+            Some(c) => Span::start(name, &c, false),
+            None => Span::server(name, None),
+        }
+    }
+
     /// A child span of `parent` (a span of this process).
     pub fn child(name: &'static str, parent: &TraceContext) -> Span {
         Span::start(name, parent, false)
@@ -334,6 +378,86 @@ impl Drop for Span {
     fn drop(&mut self) {
         if let (Some(r), Some(e)) = (self.recording.take(), &settings().exporter) {
             e.record(&self.ctx, *r, SystemTime::now());
+        }
+    }
+}
+
+/// One incoming request's trace, the same on both redirect tiers: the server span
+/// (`redirect.handle`, continued from a trusted proxy's `traceparent`), the `tracing` span that
+/// puts `trace_id` on every log line inside, and at the end the span's attributes and the
+/// sampled redirect log line.
+pub struct RequestTrace {
+    span: Span,
+    log_span: tracing::Span,
+    started: std::time::Instant,
+}
+
+/// The label of a lookup answered from the process's own memory: such redirect hits are the
+/// only ones whose log lines are sampled.
+pub const LAYER_LOCAL: &str = "local";
+
+impl RequestTrace {
+    /// `trusted`: the peer is a trusted proxy, so its `traceparent` is continued.
+    pub fn start(
+        name: &'static str,
+        route: &'static str,
+        trusted: bool,
+        headers: &http::HeaderMap,
+    ) -> Self {
+        let parent = trusted
+            .then(|| headers.get(TRACEPARENT))
+            .flatten()
+            .and_then(|v| v.to_str().ok());
+        let span = Span::server(name, parent);
+        let log_span = tracing::info_span!("request", trace_id = %span.ctx().trace_id(), route);
+        RequestTrace {
+            span,
+            log_span,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    pub fn ctx(&self) -> &TraceContext {
+        self.span.ctx()
+    }
+
+    /// Runs the handler under this trace ([`current`] and the log span).
+    pub async fn run<F: std::future::Future>(&self, fut: F) -> F::Output {
+        use tracing::Instrument;
+        in_scope(*self.span.ctx(), fut.instrument(self.log_span.clone())).await
+    }
+
+    /// Ends the request: span attributes (`slug` only if well-formed, `cache_layer`,
+    /// `status_code`), failed if 5xx; for a redirect, one log line — always for misses of the
+    /// local cache and for errors, sampled for local hits.
+    pub fn finish(
+        mut self,
+        redirect: bool,
+        slug: Option<&str>,
+        layer: Option<&'static str>,
+        status: http::StatusCode,
+    ) {
+        let slug = slug.filter(|s| zlink_wire::slug::is_valid_slug(s));
+        let code = status.as_u16();
+        self.span.set("status_code", code);
+        if let Some(s) = slug {
+            self.span.set("slug", s.to_string());
+        }
+        if let Some(l) = layer {
+            self.span.set("cache_layer", l);
+        }
+        if status.is_server_error() {
+            self.span.fail(&status);
+        }
+        if redirect && (layer != Some(LAYER_LOCAL) || code >= 400 || log_hit()) {
+            let _in = self.log_span.enter();
+            tracing::info!(
+                event = "redirect",
+                slug = slug.unwrap_or(""),
+                cache_layer = layer.unwrap_or("none"),
+                status_code = code,
+                latency_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+            );
         }
     }
 }
@@ -525,6 +649,24 @@ mod tests {
             })
             .count();
         assert!((800..1200).contains(&n), "{n}");
+    }
+
+    #[tokio::test]
+    async fn the_current_trace_follows_the_task() {
+        assert_eq!(current(), None);
+        let root = Span::server("redirect.handle", Some("garbage"));
+        let ctx = *root.ctx();
+        let inner = in_scope(ctx, async {
+            Span::in_current("memcached.get").ctx().trace_id
+        })
+        .await;
+        assert_eq!(inner, ctx.trace_id);
+        let remote = Span::server(
+            "redirect.handle",
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"),
+        );
+        assert_eq!(remote.ctx().trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_ne!(remote.ctx().span_id, 0x00f067aa0ba902b7);
     }
 
     #[test]

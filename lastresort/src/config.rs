@@ -22,6 +22,9 @@ pub struct Config {
     pub s3: S3Config,
     #[command(flatten)]
     pub clicks: ClickArgs,
+    /// Traces (W3C traceparent from trusted proxies, OTLP export) and redirect log sampling.
+    #[command(flatten)]
+    pub trace: zlink_clients::trace::TraceArgs,
     /// Kafka bootstrap servers that spooled clicks are replayed to whenever reachable. Nothing
     /// on the redirect path waits for Kafka; it may be down for days.
     #[arg(long, env = "ZLINK_KAFKA")]
@@ -84,6 +87,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.s3.validate()?;
         self.clicks.validate()?;
+        self.trace.validate()?;
         if self.kafka.trim().is_empty() {
             return Err("--kafka must name the brokers clicks are replayed to".into());
         }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clicks::{self, Clicks};
+use zlink_clients::trace::RequestTrace;
 use zlink_wire::slug;
 
 pub type Resp = Response<Full<Bytes>>;
@@ -74,14 +75,16 @@ async fn redirect(
     peer: SocketAddr,
     method: &Method,
     headers: &http::HeaderMap,
+    layer_out: &mut Option<&'static str>,
 ) -> Resp {
     if !slug::is_valid_slug(slug) {
         return error(StatusCode::NOT_FOUND, "not_found", "not found");
     }
-    let target = match state.lookup.resolve(slug).await {
-        Ok(Answer::Found(t)) => t,
-        Ok(Answer::Missing) => return error(StatusCode::NOT_FOUND, "not_found", "not found"),
-        Ok(Answer::Gone) => return gone(),
+    let answer = match state.lookup.resolve(slug).await {
+        Ok((a, layer)) => {
+            *layer_out = Some(layer);
+            a
+        }
         // Fast 503, so the nginx in front moves to the next rung.
         Err(_) => {
             return error(
@@ -90,6 +93,11 @@ async fn redirect(
                 "a dependency is unavailable, retry later",
             )
         }
+    };
+    let target = match answer {
+        Answer::Found(t) => t,
+        Answer::Missing => return error(StatusCode::NOT_FOUND, "not_found", "not found"),
+        Answer::Gone => return gone(),
     };
     let now = now_ms();
     if target.exp.is_some_and(|e| e <= now) {
@@ -115,7 +123,11 @@ async fn redirect(
     // In the spool before the answer leaves; the id lets a client or a drill trace its click.
     // HEAD gets the same answer but is no click.
     if clicks::is_click(method) {
-        if let Some(id) = state.clicks.record(slug, now, peer.ip(), headers) {
+        let trace = zlink_clients::trace::current();
+        if let Some(id) = state
+            .clicks
+            .record(slug, now, peer.ip(), headers, trace.as_ref())
+        {
             r.headers_mut()
                 .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
         }
@@ -168,7 +180,26 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
         }
         _ => match path.strip_prefix('/') {
             Some(seg) if !seg.is_empty() && !seg.contains('/') && get_or_head => {
-                redirect(&state, seg, peer, req.method(), req.headers()).await
+                // Trusted proxies: the host nginx (which passes the frontend's traceparent on).
+                let t = RequestTrace::start(
+                    "redirect.handle",
+                    "redirect",
+                    state.trusted.contains(peer.ip()),
+                    req.headers(),
+                );
+                let mut layer = None;
+                let r = t
+                    .run(redirect(
+                        &state,
+                        seg,
+                        peer,
+                        req.method(),
+                        req.headers(),
+                        &mut layer,
+                    ))
+                    .await;
+                t.finish(true, Some(seg), layer, r.status());
+                r
             }
             Some(seg) if !seg.is_empty() && !seg.contains('/') => {
                 let mut r = error(

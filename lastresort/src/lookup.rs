@@ -13,11 +13,13 @@ use crate::metrics::Metrics;
 use moka::future::Cache;
 use moka::Expiry;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zlink_clients::breaker::{Breaker, CallError};
 use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
+use zlink_clients::trace::Span;
 use zlink_wire::blob;
 
 /// What a redirect needs; also the memcached value (JSON).
@@ -162,23 +164,31 @@ impl Lookup {
         &self.s3
     }
 
-    pub async fn resolve(&self, slug: &str) -> Result<Answer, Unavailable> {
+    /// The answer and the layer that gave it (`local`, `memcached`, `s3`, `stale`).
+    pub async fn resolve(&self, slug: &str) -> Result<(Answer, &'static str), Unavailable> {
+        // Set by the load below if this call ran it; callers sharing its load count as local.
+        let layer = AtomicU8::new(0);
         let entry = self
             .fresh
             .entry_by_ref(slug)
-            .or_try_insert_with(self.load(slug))
+            .or_try_insert_with(self.load(slug, &layer))
             .await;
         match entry {
             Ok(e) => {
                 if !e.is_fresh() {
                     self.metrics.lookups.with_label_values(&["local"]).inc();
                 }
-                Ok(e.into_value())
+                let label = match layer.load(Ordering::Relaxed) {
+                    1 => "memcached",
+                    2 => "s3",
+                    _ => zlink_clients::trace::LAYER_LOCAL,
+                };
+                Ok((e.into_value(), label))
             }
             Err(err) => match self.stale.get(slug).await {
                 Some(old) => {
                     self.metrics.lookups.with_label_values(&["stale"]).inc();
-                    Ok(old)
+                    Ok((old, "stale"))
                 }
                 None => Err((*err).clone()),
             },
@@ -189,11 +199,19 @@ impl Lookup {
         format!("{}{slug}", self.settings.memcached_prefix)
     }
 
-    async fn load(&self, slug: &str) -> Result<Answer, Unavailable> {
+    async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Answer, Unavailable> {
         if let Some(mc) = &self.memcached {
-            match mc.get_json::<Target>(&self.mc_key(slug)).await {
+            let mut span = Span::in_current("memcached.get");
+            let got = mc.get_json::<Target>(&self.mc_key(slug)).await;
+            span.set("hit", matches!(got, Ok(Some(_))));
+            if let Err(e) = &got {
+                span.fail(e);
+            }
+            span.end();
+            match got {
                 Ok(Some(t)) if t.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
+                    layer.store(1, Ordering::Relaxed);
                     let answer = Answer::Found(Arc::new(t));
                     self.stale.insert(slug.to_string(), answer.clone()).await;
                     return Ok(answer);
@@ -215,6 +233,8 @@ impl Lookup {
             }
         }
         let started = Instant::now();
+        layer.store(2, Ordering::Relaxed);
+        let mut span = Span::in_current("s3.get");
         // A missing blob costs a second read: the tombstone tells disabled/expired (410) from
         // unknown (404). Both reads share one budget.
         let read = async {
@@ -236,8 +256,12 @@ impl Lookup {
                 o
             }
             // Open circuit: no request was made, nothing to time or count as an S3 error.
-            Err(e @ CallError::Open(_)) => return Err(Unavailable(e.to_string())),
+            Err(e @ CallError::Open(_)) => {
+                span.set("circuit_open", true);
+                return Err(Unavailable(e.to_string()));
+            }
             Err(e) => {
+                span.fail(&e);
                 self.metrics
                     .s3_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -245,6 +269,15 @@ impl Lookup {
                 return Err(Unavailable(e.to_string()));
             }
         };
+        span.set(
+            "found",
+            match &object {
+                Stored::Blob(_) => "blob",
+                Stored::Tombstone => "tombstone",
+                Stored::Nothing => "nothing",
+            },
+        );
+        span.end();
         self.metrics.lookups.with_label_values(&["s3"]).inc();
         let answer = match object {
             Stored::Nothing => Answer::Missing,

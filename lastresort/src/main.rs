@@ -11,6 +11,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
+    zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = zlink_clients::process::shutdown_on_signals();
     let state = lastresort::state(&cfg, Arc::new(Metrics::new())).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -18,5 +19,6 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, bucket = %cfg.s3.s3_bucket, "lastresort serving");
     lastresort::run(listener, state, shutdown).await;
+    zlink_clients::trace::flush();
     Ok(())
 }

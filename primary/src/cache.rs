@@ -12,8 +12,10 @@ use crate::store::{Link, Store, StoreError};
 use moka::future::Cache;
 use moka::Expiry;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use zlink_clients::trace::Span;
 use zlink_wire::LinkStatus;
 
 /// What a redirect needs to know about a link; also the memcached value (JSON).
@@ -54,6 +56,24 @@ impl CachedLink {
 pub enum Lookup {
     Found(Arc<CachedLink>),
     Missing,
+}
+
+/// Which layer answered a lookup (the `cache_layer` of redirect spans and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    Local = 0,
+    Memcached = 1,
+    Store = 2,
+}
+
+impl Layer {
+    pub fn label(self) -> &'static str {
+        match self {
+            Layer::Local => zlink_clients::trace::LAYER_LOCAL,
+            Layer::Memcached => "memcached",
+            Layer::Store => "store",
+        }
+    }
 }
 
 struct TtlByKind {
@@ -123,28 +143,44 @@ impl RedirectCache {
     }
 
     /// Resolves a (syntactically valid) slug. Errors only when the store itself failed.
-    pub async fn resolve(&self, slug: &str) -> Result<Lookup, StoreError> {
+    pub async fn resolve(&self, slug: &str) -> Result<(Lookup, Layer), StoreError> {
+        // Set by the load below if this call ran it (concurrent callers share one load and
+        // count as local hits).
+        let layer = AtomicU8::new(Layer::Local as u8);
         let entry = self
             .local
             .entry_by_ref(slug)
-            .or_try_insert_with(self.load(slug))
+            .or_try_insert_with(self.load(slug, &layer))
             .await;
         match entry {
             Ok(e) => {
                 if !e.is_fresh() {
                     self.metrics.lookups.with_label_values(&["local"]).inc();
                 }
-                Ok(e.into_value())
+                let layer = match layer.load(Ordering::Relaxed) {
+                    1 => Layer::Memcached,
+                    2 => Layer::Store,
+                    _ => Layer::Local,
+                };
+                Ok((e.into_value(), layer))
             }
             Err(shared) => Err((*shared).clone()),
         }
     }
 
-    async fn load(&self, slug: &str) -> Result<Lookup, StoreError> {
+    async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Lookup, StoreError> {
         if let Some(mc) = &self.memcached {
-            match mc.get_json::<CachedLink>(&self.mc_key(slug)).await {
+            let mut span = Span::in_current("memcached.get");
+            let got = mc.get_json::<CachedLink>(&self.mc_key(slug)).await;
+            span.set("hit", matches!(got, Ok(Some(_))));
+            if let Err(e) = &got {
+                span.fail(e);
+            }
+            span.end();
+            match got {
                 Ok(Some(link)) if link.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
+                    layer.store(Layer::Memcached as u8, Ordering::Relaxed);
                     return Ok(Lookup::Found(Arc::new(link)));
                 }
                 // Not a value of ours: a miss; the store's answer below overwrites it.
@@ -164,12 +200,18 @@ impl RedirectCache {
             }
         }
         self.metrics.store_reads.inc();
-        let link = self.store.get_link(slug).await.inspect_err(|_| {
+        layer.store(Layer::Store as u8, Ordering::Relaxed);
+        let mut span = Span::in_current("scylla.select");
+        span.set("table", "links");
+        let link = self.store.get_link(slug).await.inspect_err(|e| {
+            span.fail(e);
             self.metrics
                 .store_errors
                 .with_label_values(&["get_link"])
                 .inc();
         })?;
+        span.set("rows_returned", i64::from(link.is_some()));
+        span.end();
         self.metrics.lookups.with_label_values(&["store"]).inc();
         match link {
             Some(link) => {

@@ -158,6 +158,10 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub store: StoreConfig,
 
+    /// Traces (W3C traceparent from trusted proxies, OTLP export) and redirect log sampling.
+    #[command(flatten)]
+    pub trace: zlink_clients::trace::TraceArgs,
+
     /// memcached address host:port; empty disables the shared cache layer.
     #[arg(long, env = "ZLINK_MEMCACHED", default_value = "")]
     pub memcached: String,
@@ -249,6 +253,7 @@ pub struct ServeConfig {
 impl ServeConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.store.validate()?;
+        self.trace.validate()?;
         if self.kafka_brokers().is_some() {
             self.clicks.validate()?;
         }

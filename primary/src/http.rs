@@ -1,6 +1,7 @@
 //! HTTP plumbing: the route table, the middleware stack, and the accept loop.
 
 use crate::app::AppState;
+use crate::cache::Layer;
 use crate::error::{json_response, ApiError};
 use crate::{api, keys, redirect, stats};
 use bytes::Bytes;
@@ -19,7 +20,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Service, ServiceBuilder};
+use zlink_clients::trace;
 
 pub type Resp = Response<Full<Bytes>>;
 
@@ -115,7 +117,35 @@ impl Peer {
     }
 }
 
+/// Every request but probes and scrapes runs in a trace: continued from the `traceparent` of a
+/// trusted proxy (the frontend nginx starts one per request), else a new one. Its server span
+/// (`redirect.handle`, `api.request`) is exported when sampled; every log line inside carries
+/// its `trace_id`; redirects log one sampled line each (misses and errors always).
 async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
+    let route = Route::parse(req.uri().path());
+    if matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
+        return route_request(state, req).await;
+    }
+    let label = route.label();
+    let (redirect, slug) = match route {
+        Route::Redirect(s) => (true, Some(s.to_owned())),
+        Route::Info(s) | Route::Link(s) | Route::LinkStats(s) => (false, Some(s.to_owned())),
+        _ => (false, None),
+    };
+    let trusted = state.settings.trusted_proxies.contains(Peer::ip_of(&req));
+    let name = if redirect {
+        "redirect.handle"
+    } else {
+        "api.request"
+    };
+    let t = trace::RequestTrace::start(name, label, trusted, req.headers());
+    let resp = t.run(route_request(state, req)).await;
+    let layer = resp.extensions().get::<Layer>().map(|l| l.label());
+    t.finish(redirect, slug.as_deref(), layer, resp.status());
+    resp
+}
+
+async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let route = Route::parse(&path);
     let method = req.method().clone();
@@ -187,7 +217,7 @@ pub struct ObserveLayer {
     deadline: Duration,
 }
 
-impl<S> Layer<S> for ObserveLayer {
+impl<S> tower::Layer<S> for ObserveLayer {
     type Service = Observe<S>;
     fn layer(&self, inner: S) -> Observe<S> {
         Observe {

@@ -13,6 +13,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
+    zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = runtime::shutdown_on_signals();
     let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
         .await
@@ -46,6 +47,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     state.events.close().await;
     // The relay finishes its pass and flushes its producer on the way out.
     while background.join_next().await.is_some() {}
+    zlink_clients::trace::flush();
     tracing::info!("primary stopped");
     Ok(())
 }

@@ -23,6 +23,10 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
+    /// Outbox rows the sweeper found past the fast path's window in its last pass (0 on
+    /// instances not holding the relay lease), and the oldest one's age.
+    pub outbox_backlog: prometheus::IntGauge,
+    pub outbox_oldest_age: prometheus::Gauge,
     /// Requests refused by a rate limit (429), by limit.
     pub rate_limited: IntCounterVec,
     /// Click spool and replay.
@@ -82,6 +86,16 @@ impl Metrics {
             "Kafka publish failures (retried from the outbox)",
         )
         .expect("valid metric");
+        let outbox_backlog = prometheus::IntGauge::new(
+            "outbox_backlog_rows",
+            "Outbox rows older than the fast path's window at the last sweep (lease holder only; at most 500 per shard)",
+        )
+        .expect("valid metric");
+        let outbox_oldest_age = prometheus::Gauge::new(
+            "outbox_oldest_age_seconds",
+            "Age of the oldest outbox row at the last sweep (0: none past the fast path's window)",
+        )
+        .expect("valid metric");
         let rate_limited = IntCounterVec::new(
             Opts::new(
                 "rate_limited_total",
@@ -92,6 +106,8 @@ impl Metrics {
         .expect("valid metric");
         for c in [
             Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(outbox_backlog.clone()),
+            Box::new(outbox_oldest_age.clone()),
             Box::new(rate_limited.clone()),
             Box::new(requests.clone()),
             Box::new(redirect_seconds.clone()),
@@ -119,6 +135,8 @@ impl Metrics {
             memcached_errors,
             events,
             publish_errors,
+            outbox_backlog,
+            outbox_oldest_age,
             rate_limited,
         }
     }

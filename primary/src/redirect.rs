@@ -54,9 +54,13 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
             Err(e) => return ApiError::from(e).into_response(),
         }
     }
-    let link = match state.cache.resolve(slug).await {
-        Ok(Lookup::Found(link)) => link,
-        Ok(Lookup::Missing) => return ApiError::NotFound.into_response(),
+    let (link, layer) = match state.cache.resolve(slug).await {
+        Ok((Lookup::Found(link), layer)) => (link, layer),
+        Ok((Lookup::Missing, layer)) => {
+            let mut r = ApiError::NotFound.into_response();
+            r.extensions_mut().insert(layer);
+            return r;
+        }
         Err(e) => return ApiError::from(e).into_response(),
     };
     let now = state.clock.now_ms();
@@ -71,6 +75,7 @@ async fn answer<B>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
             .into_response();
     };
     let mut resp = Resp::new(Full::new(Bytes::new()));
+    resp.extensions_mut().insert(layer);
     *resp.status_mut() = code;
     let h = resp.headers_mut();
     h.insert(header::LOCATION, location);

@@ -21,10 +21,12 @@ use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
 use crate::store::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::trace::{self, Span, TraceContext};
 use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
 use zlink_wire::LinkStatus;
 
@@ -79,14 +81,28 @@ impl Relay {
         }))
     }
 
-    async fn publish(&self, ev: &LinkEvent) -> Result<(), KafkaError> {
+    /// Publishes `ev` under the trace of the change (`traceparent` of its outbox row): a
+    /// `kafka.produce` span, and the message's `traceparent` header naming it, which the
+    /// replicator continues.
+    async fn publish(&self, ev: &LinkEvent, traceparent: Option<&str>) -> Result<(), KafkaError> {
         // A plain struct of strings and numbers: serialisation cannot fail.
         let payload = serde_json::to_vec(ev).unwrap_or_default();
+        let mut span = match traceparent.and_then(TraceContext::parse) {
+            Some(parent) => Span::child("kafka.produce", &parent),
+            None => Span::server("kafka.produce", None),
+        };
+        span.set("topic", self.topic.clone());
+        let tp = span.ctx().header();
         let record = FutureRecord::to(&self.topic)
             .key(ev.slug.as_bytes())
-            .payload(&payload);
+            .payload(&payload)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: trace::TRACEPARENT,
+                value: Some(tp.as_str()),
+            }));
         match self.producer.send(record, Duration::from_secs(5)).await {
-            Ok(_) => {
+            Ok(d) => {
+                span.set("partition", i64::from(d.partition));
                 self.metrics
                     .events
                     .with_label_values(&["links", kind_label(ev.kind)])
@@ -94,6 +110,7 @@ impl Relay {
                 Ok(())
             }
             Err((e, _)) => {
+                span.fail(&e);
                 self.metrics.publish_errors.inc();
                 Err(e)
             }
@@ -102,7 +119,7 @@ impl Relay {
 
     /// Publishes, then deletes the outbox row the handler wrote for this change.
     async fn publish_and_clear(&self, ev: &LinkEvent, row: &OutboxRow) -> Result<(), String> {
-        self.publish(ev)
+        self.publish(ev, row.traceparent.as_deref())
             .await
             .map_err(|e| format!("publish: {e}"))?;
         self.store
@@ -132,16 +149,22 @@ impl Relay {
     async fn sweep(&self) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         let mut seen = 0;
+        let mut oldest = now;
         for shard in 0..OUTBOX_SHARDS {
             let rows = self
                 .store
                 .outbox_scan(shard, now - SWEEP_AFTER_MS, SWEEP_BATCH)
                 .await?;
             seen += rows.len();
+            oldest = rows.iter().map(|r| r.at_ms).fold(oldest, i64::min);
             for row in &rows {
                 self.sweep_row(row, now).await?;
             }
         }
+        self.metrics.outbox_backlog.set(seen as i64);
+        self.metrics
+            .outbox_oldest_age
+            .set((now - oldest).max(0) as f64 / 1000.0);
         Ok(seen)
     }
 
@@ -212,7 +235,12 @@ impl Relay {
             }
             match self.store.lease(LEASE, &self.holder, LEASE_TTL_S).await {
                 Ok(true) => {}
-                Ok(false) => continue,
+                Ok(false) => {
+                    // Another instance sweeps and reports the backlog.
+                    self.metrics.outbox_backlog.set(0);
+                    self.metrics.outbox_oldest_age.set(0.0);
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "relay lease unavailable");
                     continue;
@@ -264,7 +292,8 @@ impl EventSink for KafkaSink {
             .events
             .with_label_values(&["clicks", "click"])
             .inc();
-        self.clicks.spool_event(&ev)
+        self.clicks
+            .spool_event(&ev, zlink_clients::trace::current().as_ref())
     }
 
     fn close(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {

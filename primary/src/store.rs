@@ -205,15 +205,20 @@ pub struct OutboxRow {
     pub at_ms: i64,
     pub slug: String,
     pub version: i64,
+    /// The trace of the request that made the change, so an event the sweeper republishes
+    /// after a crash or an outage still continues it.
+    pub traceparent: Option<String>,
 }
 
 impl OutboxRow {
+    /// The row for a change made under the current trace (if any).
     pub fn new(slug: &str, at_ms: i64, version: i64) -> Self {
         OutboxRow {
             shard: outbox_shard(slug),
             at_ms,
             slug: slug.to_string(),
             version,
+            traceparent: zlink_clients::trace::current().map(|t| t.header()),
         }
     }
 }
@@ -244,7 +249,10 @@ const LINK_COLUMNS: &str =
 
 /// Columns added to a table after its first release: (table, column, type). `migrate` adds
 /// each one an existing table lacks; the schema file's CREATE TABLE already has them.
-const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("links", "disabled_by", "text")];
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("links", "disabled_by", "text"),
+    ("outbox", "traceparent", "text"),
+];
 
 async fn connect(cfg: &StoreConfig, keyspace: Option<&str>) -> Result<Session, StoreError> {
     let profile = ExecutionProfile::builder()
@@ -518,13 +526,13 @@ impl Store {
             .await?,
             ping: prep("SELECT release_version FROM system.local".into(), true, false).await?,
             outbox_add: prep(
-                "INSERT INTO outbox (shard, at_ms, slug, version) VALUES (?, ?, ?, ?)".into(),
+                "INSERT INTO outbox (shard, at_ms, slug, version, traceparent) VALUES (?, ?, ?, ?, ?)".into(),
                 true,
                 false,
             )
             .await?,
             outbox_scan: prep(
-                "SELECT shard, at_ms, slug, version FROM outbox WHERE shard = ? AND at_ms < ? LIMIT ?".into(),
+                "SELECT shard, at_ms, slug, version, traceparent FROM outbox WHERE shard = ? AND at_ms < ? LIMIT ?".into(),
                 true,
                 false,
             )
@@ -794,7 +802,13 @@ impl Store {
 
 impl Store {
     pub async fn outbox_add(&self, row: &OutboxRow) -> Result<(), StoreError> {
-        let v = (row.shard, row.at_ms, &row.slug, row.version);
+        let v = (
+            row.shard,
+            row.at_ms,
+            &row.slug,
+            row.version,
+            &row.traceparent,
+        );
         self.exec(&self.st.outbox_add, v).await?;
         Ok(())
     }

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::trace::Span;
 use zlink_wire::blob::{Blob, GoneReason, Tombstone};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
@@ -222,10 +223,14 @@ impl Applier {
         // it was, never as unknown.
         let outcome = match desired(ev, self.clock.now_ms()) {
             Desired::Blob(blob) => {
+                let mut span = Span::in_current("s3.put");
+                span.set("slug", ev.slug.clone());
+                span.set("version", ev.version);
                 self.retry("put blob", shutdown, || async {
                     Ok(self.s3.put(&ev.slug, &blob).await?)
                 })
                 .await?;
+                span.end();
                 self.retry("delete tombstone", shutdown, || async {
                     Ok(self.s3.delete_tombstone(&ev.slug).await?)
                 })
@@ -233,10 +238,14 @@ impl Applier {
                 Outcome::Put
             }
             Desired::Tombstone(t) => {
+                let mut span = Span::in_current("s3.put_tombstone");
+                span.set("slug", ev.slug.clone());
+                span.set("version", ev.version);
                 self.retry("put tombstone", shutdown, || async {
                     Ok(self.s3.put_tombstone(&ev.slug, &t).await?)
                 })
                 .await?;
+                span.end();
                 self.retry("delete blob", shutdown, || async {
                     Ok(self.s3.delete(&ev.slug).await?)
                 })

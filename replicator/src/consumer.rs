@@ -5,13 +5,15 @@
 use crate::apply::{decode, Applier, ApplyError};
 use crate::metrics::Metrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use zlink_clients::trace::{self, Span};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct KafkaConfig {
@@ -151,10 +153,32 @@ impl Pipeline {
         shutdown: CancellationToken,
     ) {
         while let Some(msg) = rx.recv().await {
-            let result = match decode(msg.payload()) {
-                Ok(ev) => self.applier.apply(&ev, &shutdown).await,
-                Err(e) => Err(e),
+            // The change's trace continues from the message's `traceparent` (set by primary's
+            // relay): a `replicate.apply` span with the S3 writes under it, and `trace_id` in
+            // every log line about this event.
+            let parent = msg.headers().and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == trace::TRACEPARENT)
+                    .and_then(|h| h.value)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+            });
+            let mut span = Span::server("replicate.apply", parent);
+            span.set("partition", i64::from(partition));
+            span.set("offset", msg.offset());
+            let ctx = *span.ctx();
+            let log_span = tracing::info_span!("replicate", trace_id = %ctx.trace_id());
+            let result = async {
+                let ev = decode(msg.payload())?;
+                let outcome = self.applier.apply(&ev, &shutdown).await?;
+                tracing::info!(slug = %ev.slug, version = ev.version,
+                    outcome = outcome.label(), "link event applied");
+                Ok(outcome)
             };
+            let result = trace::in_scope(ctx, result.instrument(log_span.clone())).await;
+            if let Err(ApplyError::Permanent(reason)) = &result {
+                span.fail(reason);
+            }
+            span.end();
             match result {
                 Ok(outcome) => self
                     .metrics
@@ -162,7 +186,11 @@ impl Pipeline {
                     .with_label_values(&[outcome.label()])
                     .inc(),
                 Err(ApplyError::Permanent(reason)) => {
-                    if !self.dead_letter(&msg, &reason, &shutdown).await {
+                    if !self
+                        .dead_letter(&msg, &reason, &shutdown)
+                        .instrument(log_span.clone())
+                        .await
+                    {
                         return;
                     }
                     self.metrics.events.with_label_values(&["dlq"]).inc();

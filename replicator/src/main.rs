@@ -36,6 +36,9 @@ enum Command {
         s3: S3Config,
         #[command(flatten)]
         store: StoreConfig,
+        /// Traces: each event continues the trace in its `traceparent` header.
+        #[command(flatten)]
+        trace: zlink_clients::trace::TraceArgs,
     },
     /// Compare every link with S3 and repair the drift (or only report it with --dry-run).
     Reconcile {
@@ -57,12 +60,14 @@ async fn main() -> anyhow::Result<()> {
             kafka,
             s3,
             store,
+            trace,
         } => {
             for check in [kafka.validate(), s3.validate(), store.validate()] {
                 if let Err(e) = check {
                     bail!("invalid configuration: {e}");
                 }
             }
+            zlink_clients::trace::init(&trace, "replicator").map_err(anyhow::Error::msg)?;
             let shutdown = runtime::shutdown_on_signals();
             let metrics = Arc::new(Metrics::new());
             let applier = Arc::new(Applier {
@@ -82,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("binding {listen}"))?;
             tracing::info!(listen = %listen, topic = %kafka.links_topic, group = %kafka.group_id, "replicator running");
             replicator::run(listener, pipeline, applier, shutdown).await;
+            zlink_clients::trace::flush();
             Ok(())
         }
         Command::Reconcile { args, s3, store } => {

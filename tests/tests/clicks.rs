@@ -261,7 +261,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
     )
     .unwrap();
     for e in &events {
-        assert!(offline.spool_event(e));
+        assert!(offline.spool_event(e, None));
     }
     offline.shutdown().await;
     drop(offline); // releases the spool directory's lock
