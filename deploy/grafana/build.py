@@ -68,6 +68,9 @@ DASHBOARDS = {
         ("Clicks waiting in local spools", "short", [
             ("{{component}}", 'max by (component) ({__name__=~"zlink_(primary|lastresort)_spool_pending_records"})'),
         ]),
+        ("Age of the oldest spooled click", "s", [
+            ("{{component}}", 'max by (component) ({__name__=~"zlink_(primary|lastresort)_spool_oldest_age_seconds"})'),
+        ]),
         ("Click → counted", "s", [
             ("p99", 'histogram_quantile(0.99, sum by (le) (rate(zlink_clicks_click_to_count_seconds_bucket[5m])))'),
         ]),
@@ -89,6 +92,10 @@ DASHBOARDS = {
         ("Link events published / publish errors", "ops", [
             ("{{topic}} {{kind}}", 'sum by (topic, kind) (rate(zlink_primary_events_total[5m])) or vector(0)'),
             ("publish errors", 'sum(rate(zlink_primary_publish_errors_total[5m]))'),
+        ]),
+        ("Outbox: events past the fast path", "short", [
+            ("rows", 'max(zlink_primary_outbox_backlog_rows) or vector(0)'),
+            ("oldest (s)", 'max(zlink_primary_outbox_oldest_age_seconds) or vector(0)'),
         ]),
         ("Store failures by operation", "ops", [
             ("{{op}}", 'sum by (op) (rate(zlink_primary_store_errors_total[5m])) or vector(0)'),

@@ -394,7 +394,7 @@ impl LastresortHandle {
 
 /// lastresort's command line for `endpoint`/`prefix`: `extra` flags win; unless given, clicks
 /// are replayed to the shared Kafka from a fresh spool directory (returned, deleted on drop).
-fn lastresort_argv(
+pub fn lastresort_argv(
     infra: &Infra,
     endpoint: &str,
     prefix: &str,
@@ -467,15 +467,33 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Starts `bin argv --listen 127.0.0.1:<free port>`; does not wait for readiness.
     pub fn start(bin_name: &str, argv: &[String], spool: Option<TempDir>) -> Self {
+        Self::start_with(bin_name, argv, spool, None)
+    }
+
+    /// Like [`start`](Self::start); with `json_log`, the process logs at info level as JSON
+    /// lines into that file (else warnings only, to the test's stderr).
+    pub fn start_with(
+        bin_name: &str,
+        argv: &[String],
+        spool: Option<TempDir>,
+        json_log: Option<&std::path::Path>,
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = tokio::process::Command::new(bin(bin_name))
-            .args(argv)
+        let mut cmd = tokio::process::Command::new(bin(bin_name));
+        cmd.args(argv)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env("RUST_LOG", "warn")
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        if let Some(path) = json_log {
+            let file = std::fs::File::create(path).expect("log file");
+            cmd.env("RUST_LOG", "info")
+                .env("ZLINK_LOG_FORMAT", "json")
+                .stderr(file);
+        }
+        let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("{bin_name} binary: {e}"));
         ServiceProcess {
@@ -504,6 +522,17 @@ impl ServiceProcess {
     /// `primary serve` over `keyspace` as its own process (so a test can freeze it), clicks
     /// spooled from a fresh directory and replayed to `brokers`; not yet ready.
     pub fn primary(infra: &Infra, keyspace: &str, brokers: &str, extra: &[&str]) -> Self {
+        let (argv, spool) = Self::primary_argv(infra, keyspace, brokers, extra);
+        Self::start("primary", &argv, Some(spool))
+    }
+
+    /// The command line [`primary`](Self::primary) runs, and its spool directory.
+    pub fn primary_argv(
+        infra: &Infra,
+        keyspace: &str,
+        brokers: &str,
+        extra: &[&str],
+    ) -> (Vec<String>, TempDir) {
         let spool = TempDir::new("primary-proc-spool");
         let mut argv: Vec<String> = [
             "serve",
@@ -524,7 +553,7 @@ impl ServiceProcess {
         .map(|s| s.to_string())
         .collect();
         argv.extend(extra.iter().map(|s| s.to_string()));
-        Self::start("primary", &argv, Some(spool))
+        (argv, spool)
     }
 
     /// `primary count-clicks` over `keyspace`, consuming `topic` as consumer group `group`.
