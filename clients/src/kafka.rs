@@ -26,3 +26,35 @@ pub fn producer(brokers: &str, client_id: &str) -> ClientConfig {
     reconnect_fast(&mut c);
     c
 }
+
+/// A consumer that closes on a thread of its own when dropped. Closing leaves the group, and
+/// librdkafka can block in that close indefinitely (rust-rdkafka #509, #611 — seen here after
+/// the broker restarted under a consumer): that must hold neither a runtime thread nor a
+/// graceful shutdown. The close still runs; the process just does not wait for it.
+pub struct ClosingConsumer(Option<rdkafka::consumer::StreamConsumer>);
+
+impl ClosingConsumer {
+    pub fn new(c: rdkafka::consumer::StreamConsumer) -> Self {
+        ClosingConsumer(Some(c))
+    }
+}
+
+impl std::ops::Deref for ClosingConsumer {
+    type Target = rdkafka::consumer::StreamConsumer;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for ClosingConsumer {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            let spawned = std::thread::Builder::new()
+                .name("kafka-close".into())
+                .spawn(move || drop(c));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no thread to close the Kafka consumer on; leaking it");
+            }
+        }
+    }
+}

@@ -38,6 +38,11 @@ pub struct TraceArgs {
     /// are always logged.
     #[arg(long, env = "ZLINK_LOG_SAMPLE_RATIO", default_value_t = 0.01)]
     pub log_sample_ratio: f64,
+    /// `off`: requests run without a trace (no context, spans, request log span or redirect
+    /// log lines); Kafka messages then carry no `traceparent`. A kill switch, and the baseline
+    /// of the tracing cost benchmark.
+    #[arg(long, env = "ZLINK_TRACES", default_value = "on", value_parser = ["on", "off"])]
+    pub traces: String,
 }
 
 impl TraceArgs {
@@ -172,6 +177,7 @@ fn ratio_sampled(trace_id: u128, ratio: f64) -> bool {
 /// The process's trace settings: set once by [`init`]; defaults (nothing exported, 1% sampled)
 /// until then, e.g. in unit tests.
 struct Settings {
+    enabled: bool,
     trace_sample_ratio: f64,
     log_sample_ratio: f64,
     exporter: Option<export::Exporter>,
@@ -181,6 +187,7 @@ static SETTINGS: OnceLock<Settings> = OnceLock::new();
 
 fn settings() -> &'static Settings {
     SETTINGS.get_or_init(|| Settings {
+        enabled: true,
         trace_sample_ratio: 0.01,
         log_sample_ratio: 0.01,
         exporter: None,
@@ -199,6 +206,7 @@ pub fn init(args: &TraceArgs, service: &str) -> Result<(), String> {
     };
     if SETTINGS
         .set(Settings {
+            enabled: args.traces != "off",
             trace_sample_ratio: args.trace_sample_ratio,
             log_sample_ratio: args.log_sample_ratio,
             exporter,
@@ -214,6 +222,11 @@ pub fn init(args: &TraceArgs, service: &str) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// Whether requests are traced (`--traces`, on unless turned off).
+pub fn enabled() -> bool {
+    settings().enabled
 }
 
 /// Sends the spans still buffered (at shutdown; bounded by the exporter's timeout).

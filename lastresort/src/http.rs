@@ -179,6 +179,14 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
             json(StatusCode::OK, stats)
         }
         _ => match path.strip_prefix('/') {
+            Some(seg)
+                if !seg.is_empty()
+                    && !seg.contains('/')
+                    && get_or_head
+                    && !zlink_clients::trace::enabled() =>
+            {
+                redirect(&state, seg, peer, req.method(), req.headers(), &mut None).await
+            }
             Some(seg) if !seg.is_empty() && !seg.contains('/') && get_or_head => {
                 // Trusted proxies: the host nginx (which passes the frontend's traceparent on).
                 let t = RequestTrace::start(

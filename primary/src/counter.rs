@@ -186,7 +186,7 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
 }
 
 pub struct Counter {
-    consumer: StreamConsumer,
+    consumer: zlink_clients::kafka::ClosingConsumer,
     clicks: Arc<ClickStore>,
     store: Arc<Store>,
     cfg: CountConfig,
@@ -210,7 +210,7 @@ impl Counter {
         consumer.subscribe(&[&cfg.clicks_topic])?;
         let clicks = Arc::new(ClickStore::new(store.clone()).await?);
         Ok(Arc::new(Counter {
-            consumer,
+            consumer: zlink_clients::kafka::ClosingConsumer::new(consumer),
             clicks,
             store,
             cfg: cfg.clone(),

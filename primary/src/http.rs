@@ -123,7 +123,7 @@ impl Peer {
 /// its `trace_id`; redirects log one sampled line each (misses and errors always).
 async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let route = Route::parse(req.uri().path());
-    if matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
+    if !trace::enabled() || matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
         return route_request(state, req).await;
     }
     let label = route.label();

@@ -60,7 +60,7 @@ impl KafkaConfig {
 }
 
 pub struct Pipeline {
-    consumer: Arc<StreamConsumer>,
+    consumer: zlink_clients::kafka::ClosingConsumer,
     dlq: FutureProducer,
     cfg: KafkaConfig,
     applier: Arc<Applier>,
@@ -88,7 +88,7 @@ impl Pipeline {
         let dlq: FutureProducer =
             zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
         Ok(Arc::new(Pipeline {
-            consumer: Arc::new(consumer),
+            consumer: zlink_clients::kafka::ClosingConsumer::new(consumer),
             dlq,
             cfg: cfg.clone(),
             applier,

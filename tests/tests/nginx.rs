@@ -169,6 +169,21 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         log[3..].iter().any(|l| l["failed_over"] == "true"),
         "the failover shows in the log"
     );
+    // One trace per request, started at the frontend (its request id) and continued by the
+    // lastresort host's nginx (which trusts the frontend's traceparent).
+    assert!(log[3..].iter().all(|l| l["trace_id"] == l["request_id"]));
+    let lr_traces: HashSet<String> = lr_nginx
+        .access_log("nginx-lastresort.access.json", 300)
+        .await
+        .iter()
+        .filter_map(|l| l["trace_id"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        log[3..]
+            .iter()
+            .all(|l| lr_traces.contains(l["trace_id"].as_str().unwrap())),
+        "the lastresort host continues the frontend's trace"
+    );
 
     // The API is never sent to the last-resort host: with the primaries down a POST is a 503
     // JSON, and lastresort never sees it.
