@@ -118,7 +118,8 @@ zl_spawn() {
   local name="$1"; shift
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   printf '\n=== %s start: %s\n' "$(date -Is)" "$*" >>"$(zl_logfile "$name")"
-  setsid "$@" >>"$(zl_logfile "$name")" 2>&1 </dev/null &
+  # zlink services log JSON lines (trace_id on every line of a request); others ignore it.
+  ZLINK_LOG_FORMAT="${ZLINK_LOG_FORMAT:-json}" setsid "$@" >>"$(zl_logfile "$name")" 2>&1 </dev/null &
   echo $! >"$(zl_pidfile "$name")"
 }
 
@@ -421,11 +422,13 @@ ZL_TIMEOUT_lastresort=30
 # resolved, to a local webhook receiver that appends them to $ZLINK_RUN/alerts.jsonl.
 # Scrape and evaluation interval: ZLINK_SCRAPE_INTERVAL (5s).
 zl_alerts_file() { echo "$ZLINK_RUN/alerts.jsonl"; }
+# Labels: job, component (the instance) and tier (its place in the ladder: frontend, primary,
+# lastresort, pipeline, monitoring).
 zl_scrape_job() {
-  local job="$1" c; shift
+  local job="$1" tier="$2" c; shift 2
   printf '  - job_name: %s\n    static_configs:\n' "$job"
   for c in "$@"; do
-    printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: %s}\n" "$(zl_port "$c")" "$c"
+    printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: %s, tier: %s}\n" "$(zl_port "$c")" "$c" "$tier"
   done
 }
 zl_prometheus_config() {
@@ -439,12 +442,12 @@ zl_prometheus_config() {
     printf '  external_labels: {site: local}\nrule_files:\n  - %s/deploy/prometheus/rules/*.yml\n' "$ZLINK_ROOT"
     printf "alerting:\n  alertmanagers:\n    - static_configs: [{targets: ['127.0.0.1:%s']}]\n" "$(zl_port alertmanager)"
     printf 'scrape_configs:\n'
-    zl_scrape_job primary "${primaries[@]}"
-    zl_scrape_job lastresort "${lastresorts[@]}"
-    zl_scrape_job replicator replicator
-    zl_scrape_job clicks clicks
-    zl_scrape_job prometheus prometheus
-    zl_scrape_job alertmanager alertmanager
+    zl_scrape_job primary primary "${primaries[@]}"
+    zl_scrape_job lastresort lastresort "${lastresorts[@]}"
+    zl_scrape_job replicator pipeline replicator
+    zl_scrape_job clicks pipeline clicks
+    zl_scrape_job prometheus monitoring prometheus
+    zl_scrape_job alertmanager monitoring alertmanager
     printf '  - job_name: nginx\n    static_configs:\n'
     for tier in frontend lastresort; do
       printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: nginx-%s, tier: %s}\n" \
