@@ -544,10 +544,12 @@ impl Clicks {
         self.spool_event(&ev, trace).then_some(ev.id)
     }
 
-    /// Appends an event built elsewhere (primary builds its own) under the redirect's trace,
-    /// which the replayer sends on as the message's `traceparent`; false if refused (counted).
+    /// Appends an event built elsewhere (primary builds its own) under the redirect's trace;
+    /// false if refused (counted). Only a sampled trace travels on (the replayer sends it as
+    /// the message's `traceparent`): a header on every click message cost more per redirect
+    /// than everything else tracing does, and nothing downstream logs unsampled clicks.
     pub fn spool_event(&self, ev: &ClickEvent, trace: Option<&TraceContext>) -> bool {
-        let r = self.spool.append(&frame(ev, trace));
+        let r = self.spool.append(&frame(ev, trace.filter(|t| t.sampled)));
         self.count(r)
     }
 

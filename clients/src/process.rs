@@ -32,8 +32,8 @@ pub fn init_tracing() {
 }
 
 /// One JSON object per event: `ts`, `level`, `span` (the innermost span's name), the fields of
-/// every enclosing span (outer first, inner wins), then the event's fields (`message` among
-/// them). Span fields are kept as JSON by [`JsonFields`] when the span opens and parsed only
+/// every enclosing span (outer first, inner wins), `trace_id` of the task's current trace
+/// (`trace::current`), then the event's fields (`message` among them). Span fields are kept as JSON by [`JsonFields`] when the span opens and parsed only
 /// when an event is written, so spans that log nothing cost no parsing.
 pub struct FlatJson;
 
@@ -77,6 +77,10 @@ where
             if let Some(name) = innermost {
                 obj.insert("span".into(), name.into());
             }
+        }
+        // The request or message this task works on (see `trace::in_scope`).
+        if let Some(t) = crate::trace::current() {
+            obj.insert("trace_id".into(), t.trace_id().to_string().into());
         }
         event.record(&mut Fields(&mut obj));
         writeln!(writer, "{}", Value::Object(obj))

@@ -396,18 +396,26 @@ impl Drop for Span {
 }
 
 /// One incoming request's trace, the same on both redirect tiers: the server span
-/// (`redirect.handle`, continued from a trusted proxy's `traceparent`), the `tracing` span that
-/// puts `trace_id` on every log line inside, and at the end the span's attributes and the
-/// sampled redirect log line.
+/// (`redirect.handle`, continued from a trusted proxy's `traceparent`), the task-local context
+/// that children and every log line inside pick up (`trace_id` in JSON logs, see
+/// [`crate::process::FlatJson`]), and at the end the span's attributes and the sampled
+/// redirect log line.
+///
+/// No `tracing` span per request: with the JSON formatter one cost a third of a cached
+/// redirect's CPU (`deploy/local/bench-observability`); the task-local costs a swap per poll.
 pub struct RequestTrace {
     span: Span,
-    log_span: tracing::Span,
     started: std::time::Instant,
 }
 
-/// The label of a lookup answered from the process's own memory: such redirect hits are the
-/// only ones whose log lines are sampled.
+/// The label of a lookup answered from the process's own memory.
 pub const LAYER_LOCAL: &str = "local";
+
+/// Lookups answered by a cache (the process's own, the shared memcached, or a stale entry kept
+/// for outages): their redirect log lines are sampled; a store or S3 read is always logged.
+pub fn is_cache_hit(layer: &str) -> bool {
+    matches!(layer, LAYER_LOCAL | "memcached" | "stale")
+}
 
 impl RequestTrace {
     /// `trusted`: the peer is a trusted proxy, so its `traceparent` is continued.
@@ -421,11 +429,10 @@ impl RequestTrace {
             .then(|| headers.get(TRACEPARENT))
             .flatten()
             .and_then(|v| v.to_str().ok());
-        let span = Span::server(name, parent);
-        let log_span = tracing::info_span!("request", trace_id = %span.ctx().trace_id(), route);
+        let mut span = Span::server(name, parent);
+        span.set("http.route", route);
         RequestTrace {
             span,
-            log_span,
             started: std::time::Instant::now(),
         }
     }
@@ -434,15 +441,14 @@ impl RequestTrace {
         self.span.ctx()
     }
 
-    /// Runs the handler under this trace ([`current`] and the log span).
+    /// Runs the handler under this trace (its [`current`] context).
     pub async fn run<F: std::future::Future>(&self, fut: F) -> F::Output {
-        use tracing::Instrument;
-        in_scope(*self.span.ctx(), fut.instrument(self.log_span.clone())).await
+        in_scope(*self.span.ctx(), fut).await
     }
 
     /// Ends the request: span attributes (`slug` only if well-formed, `cache_layer`,
-    /// `status_code`), failed if 5xx; for a redirect, one log line — always for misses of the
-    /// local cache and for errors, sampled for local hits.
+    /// `status_code`), failed if 5xx; for a redirect, one log line — always for reads past the
+    /// caches and for errors, sampled ([`TraceArgs::log_sample_ratio`]) for cache hits.
     pub fn finish(
         mut self,
         redirect: bool,
@@ -462,10 +468,10 @@ impl RequestTrace {
         if status.is_server_error() {
             self.span.fail(&status);
         }
-        if redirect && (layer != Some(LAYER_LOCAL) || code >= 400 || log_hit()) {
-            let _in = self.log_span.enter();
+        if redirect && (!layer.is_some_and(is_cache_hit) || code >= 400 || log_hit()) {
             tracing::info!(
                 event = "redirect",
+                trace_id = %self.span.ctx().trace_id(),
                 slug = slug.unwrap_or(""),
                 cache_layer = layer.unwrap_or("none"),
                 status_code = code,

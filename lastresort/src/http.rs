@@ -196,16 +196,18 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
                     req.headers(),
                 );
                 let mut layer = None;
-                let r = t
-                    .run(redirect(
+                let r = {
+                    // Pinned in place: handed to the trace scope by reference, not copied.
+                    let handler = std::pin::pin!(redirect(
                         &state,
                         seg,
                         peer,
                         req.method(),
                         req.headers(),
                         &mut layer,
-                    ))
-                    .await;
+                    ));
+                    t.run(handler).await
+                };
                 t.finish(true, Some(seg), layer, r.status());
                 r
             }

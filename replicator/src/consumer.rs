@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 use zlink_clients::trace::{self, Span};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -166,7 +165,6 @@ impl Pipeline {
             span.set("partition", i64::from(partition));
             span.set("offset", msg.offset());
             let ctx = *span.ctx();
-            let log_span = tracing::info_span!("replicate", trace_id = %ctx.trace_id());
             let result = async {
                 let ev = decode(msg.payload())?;
                 let outcome = self.applier.apply(&ev, &shutdown).await?;
@@ -174,7 +172,7 @@ impl Pipeline {
                     outcome = outcome.label(), "link event applied");
                 Ok(outcome)
             };
-            let result = trace::in_scope(ctx, result.instrument(log_span.clone())).await;
+            let result = trace::in_scope(ctx, result).await;
             if let Err(ApplyError::Permanent(reason)) = &result {
                 span.fail(reason);
             }
@@ -186,11 +184,7 @@ impl Pipeline {
                     .with_label_values(&[outcome.label()])
                     .inc(),
                 Err(ApplyError::Permanent(reason)) => {
-                    if !self
-                        .dead_letter(&msg, &reason, &shutdown)
-                        .instrument(log_span.clone())
-                        .await
-                    {
+                    if !trace::in_scope(ctx, self.dead_letter(&msg, &reason, &shutdown)).await {
                         return;
                     }
                     self.metrics.events.with_label_values(&["dlq"]).inc();
