@@ -3,17 +3,18 @@
 //! - A request's [`TraceContext`] comes from its `traceparent` header when a trusted proxy sent
 //!   it (the frontend nginx starts one per request from `$request_id`), else is started here.
 //! - It travels with the work: as the `traceparent` Kafka header of link events (primary's
-//!   outbox → replicator → S3 write) and of clicks (spool record → replay), so every hop's
-//!   spans and log lines carry the same `trace_id`.
-//! - Every log line emitted inside a request span has `trace_id` as a top-level field (JSON
-//!   logs, [`crate::process::init_tracing`]).
+//!   outbox → replicator → S3 write) and, when sampled, of clicks (spool record → replay), so
+//!   every hop's spans and log lines carry the same `trace_id`.
+//! - Within a process it is a task-local ([`in_scope`], [`current`]): every log line emitted
+//!   while a request or message is handled has `trace_id` as a top-level field (JSON logs,
+//!   [`crate::process::FlatJson`]).
 //! - Spans ([`Span`]) are exported over OTLP/HTTP (protobuf, `<endpoint>/v1/traces`) only when
 //!   `--otlp-endpoint` is set, and only for sampled traces: the parent's sampled flag, or the
 //!   trace id under `--trace-sample-ratio` (a pure function of the id, so every tier picks the
 //!   same traces without coordination). Without an endpoint a span is two random ids and no
 //!   allocation.
-//! - Redirect log lines are sampled ([`TraceArgs::log_sample_ratio`] of hits from the local
-//!   cache; misses and errors always).
+//! - Redirect log lines are sampled ([`TraceArgs::log_sample_ratio`] of cache hits; store/S3
+//!   reads and errors always).
 
 use rand::Rng;
 use std::fmt;
@@ -38,8 +39,8 @@ pub struct TraceArgs {
     /// are always logged.
     #[arg(long, env = "ZLINK_LOG_SAMPLE_RATIO", default_value_t = 0.01)]
     pub log_sample_ratio: f64,
-    /// `off`: requests run without a trace (no context, spans, request log span or redirect
-    /// log lines); Kafka messages then carry no `traceparent`. A kill switch, and the baseline
+    /// `off`: requests run without a trace (no context, spans, `trace_id` or redirect log
+    /// lines); Kafka messages then carry no `traceparent`. A kill switch, and the baseline
     /// of the tracing cost benchmark.
     #[arg(long, env = "ZLINK_TRACES", default_value = "on", value_parser = ["on", "off"])]
     pub traces: String,

@@ -120,7 +120,7 @@ impl Peer {
 /// Every request but probes and scrapes runs in a trace: continued from the `traceparent` of a
 /// trusted proxy (the frontend nginx starts one per request), else a new one. Its server span
 /// (`redirect.handle`, `api.request`) is exported when sampled; every log line inside carries
-/// its `trace_id`; redirects log one sampled line each (misses and errors always).
+/// its `trace_id`; redirects log one line each (cache hits sampled; store reads, errors always).
 async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let route = Route::parse(req.uri().path());
     if !trace::enabled() || matches!(route, Route::Healthz | Route::Readyz | Route::Metrics) {
