@@ -25,7 +25,7 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         store: StoreConfig,
-        /// Replication factor for a newly created keyspace (SimpleStrategy).
+        /// Replication factor for a newly created keyspace (NetworkTopologyStrategy).
         #[arg(long, env = "ZLINK_REPLICATION_FACTOR", default_value_t = 1)]
         replication_factor: u32,
     },
