@@ -7,6 +7,7 @@
 //! before the commit sends the batch again: duplicates carry the same event id, and the counter
 //! deduplicates on it; nothing is ever skipped.
 
+use crate::now_ms;
 use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
 use crate::trace::{Span, TraceContext};
 use http::{header, HeaderMap};
@@ -230,13 +231,6 @@ pub struct Origin {
     pub id: Uuid,
     pub at_ms: i64,
     pub client: IpAddr,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// nginx's `$msec` ("1795328181.123") in milliseconds, without going through floats.

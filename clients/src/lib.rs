@@ -22,6 +22,14 @@ pub mod trace;
 
 use std::fmt;
 
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// A value that must never appear in logs or `Debug` output.
 #[derive(Clone, Default)]
 pub struct Secret(pub String);

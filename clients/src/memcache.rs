@@ -89,11 +89,19 @@ impl Memcache {
         }
     }
 
+    /// A `memcached.get` span of the current trace (`hit`; failed on error).
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, McError> {
-        match self.exec(Op::Get(key)).await? {
-            Reply::Value(v) => Ok(v),
-            _ => Err(McError::Protocol("unexpected reply to get".into())),
+        let mut span = crate::trace::Span::in_current("memcached.get");
+        let got = match self.exec(Op::Get(key)).await {
+            Ok(Reply::Value(v)) => Ok(v),
+            Ok(_) => Err(McError::Protocol("unexpected reply to get".into())),
+            Err(e) => Err(e),
+        };
+        span.set("hit", matches!(got, Ok(Some(_))));
+        if let Err(e) = &got {
+            span.fail(e);
         }
+        got
     }
 
     pub async fn set(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<(), McError> {

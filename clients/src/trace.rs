@@ -72,6 +72,15 @@ pub struct TraceContext {
     pub sampled: bool,
 }
 
+/// The `traceparent` header of a Kafka message, if it has one (UTF-8).
+pub fn kafka_traceparent<H: rdkafka::message::Headers>(headers: Option<&H>) -> Option<&str> {
+    headers?
+        .iter()
+        .find(|h| h.key == TRACEPARENT)
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+}
+
 /// A trace id printed as 32 lowercase hex digits, without allocating.
 #[derive(Clone, Copy)]
 pub struct TraceId(pub u128);

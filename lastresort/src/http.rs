@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clicks::{self, Clicks};
+use zlink_clients::now_ms;
 use zlink_clients::trace::RequestTrace;
 use zlink_wire::slug;
 
@@ -52,13 +53,6 @@ fn error(status: StatusCode, code: &str, message: &str) -> Resp {
         status,
         serde_json::json!({"error": {"code": code, "message": message}}),
     )
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn gone() -> Resp {

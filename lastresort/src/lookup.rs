@@ -201,14 +201,7 @@ impl Lookup {
 
     async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Answer, Unavailable> {
         if let Some(mc) = &self.memcached {
-            let mut span = Span::in_current("memcached.get");
-            let got = mc.get_json::<Target>(&self.mc_key(slug)).await;
-            span.set("hit", matches!(got, Ok(Some(_))));
-            if let Err(e) = &got {
-                span.fail(e);
-            }
-            span.end();
-            match got {
+            match mc.get_json::<Target>(&self.mc_key(slug)).await {
                 Ok(Some(t)) if t.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
                     layer.store(1, Ordering::Relaxed);

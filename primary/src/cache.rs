@@ -170,14 +170,7 @@ impl RedirectCache {
 
     async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Lookup, StoreError> {
         if let Some(mc) = &self.memcached {
-            let mut span = Span::in_current("memcached.get");
-            let got = mc.get_json::<CachedLink>(&self.mc_key(slug)).await;
-            span.set("hit", matches!(got, Ok(Some(_))));
-            if let Err(e) = &got {
-                span.fail(e);
-            }
-            span.end();
-            match got {
+            match mc.get_json::<CachedLink>(&self.mc_key(slug)).await {
                 Ok(Some(link)) if link.is_valid() => {
                     self.metrics.lookups.with_label_values(&["memcached"]).inc();
                     layer.store(Layer::Memcached as u8, Ordering::Relaxed);

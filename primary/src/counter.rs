@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zlink_clients::now_ms;
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -191,13 +192,6 @@ pub struct Counter {
     store: Arc<Store>,
     cfg: CountConfig,
     pub metrics: Arc<CounterMetrics>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Counter {

@@ -5,7 +5,7 @@
 use crate::apply::{decode, Applier, ApplyError};
 use crate::metrics::Metrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -155,12 +155,7 @@ impl Pipeline {
             // The change's trace continues from the message's `traceparent` (set by primary's
             // relay): a `replicate.apply` span with the S3 writes under it, and `trace_id` in
             // every log line about this event.
-            let parent = msg.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == trace::TRACEPARENT)
-                    .and_then(|h| h.value)
-                    .and_then(|v| std::str::from_utf8(v).ok())
-            });
+            let parent = trace::kafka_traceparent(msg.headers());
             let mut span = Span::server("replicate.apply", parent);
             span.set("partition", i64::from(partition));
             span.set("offset", msg.offset());

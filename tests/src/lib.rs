@@ -798,26 +798,29 @@ pub async fn create(base: &str, key: &str, body: serde_json::Value) -> reqwest::
         .expect("request")
 }
 
-/// An HTTP client that never follows redirects (we assert on them).
+/// A consumer of `topic` from its first message, in a group of its own (`<label>-<uuid>`)
+/// that commits nothing: reads what is there without disturbing anyone.
+pub fn topic_reader(brokers: &str, topic: &str, label: &str) -> rdkafka::consumer::StreamConsumer {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("{label}-{}", uuid::Uuid::new_v4()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    consumer
+}
+
 /// Every click in Kafka `topic` (from the beginning), until `want` ids were all seen or 60 s.
 pub async fn clicks_in_kafka(
     brokers: &str,
     topic: &str,
     want: &std::collections::HashSet<uuid::Uuid>,
 ) -> (std::collections::HashSet<uuid::Uuid>, Vec<ClickEvent>) {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::Message;
-    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("clicks-reader-{}", uuid::Uuid::new_v4()),
-        )
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = topic_reader(brokers, topic, "clicks-reader");
     let (mut seen, mut events) = (std::collections::HashSet::new(), Vec::new());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {

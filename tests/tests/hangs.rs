@@ -95,16 +95,8 @@ async fn copies_in_kafka(
     id: uuid::Uuid,
     min: usize,
 ) -> Vec<zlink_wire::events::ClickEvent> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::Message;
-    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("copies-{}", uuid::Uuid::new_v4()))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = topic_reader(brokers, topic, "copies");
     let mut copies = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while copies.len() < min && Instant::now() < deadline {

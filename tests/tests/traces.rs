@@ -12,12 +12,13 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use primary::clock::{Clock, SystemClock};
 use primary::store::Store;
 use prost::Message as _;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use zlink_clients::trace;
 use zlink_e2e::*;
 
 /// One exported span, flattened.
@@ -143,30 +144,28 @@ fn traceparent() -> (String, String, String) {
     (format!("00-{trace}-{span}-01"), trace, span)
 }
 
+/// GET `url` with a `traceparent` header.
+async fn traced_get(client: &reqwest::Client, url: &str, traceparent: &str) -> reqwest::Response {
+    client
+        .get(url)
+        .header("traceparent", traceparent)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// The `traceparent` header of the first message keyed `key` in `topic` (at most 60 s).
 async fn kafka_traceparent(brokers: &str, topic: &str, key: &str) -> String {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("tp-reader-{}", uuid::Uuid::new_v4()))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = topic_reader(brokers, topic, "tp-reader");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while tokio::time::Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
             if m.key() != Some(key.as_bytes()) {
                 continue;
             }
-            let tp = m.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == "traceparent")
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            });
-            return tp.unwrap_or_else(|| panic!("message for {key} in {topic} has no traceparent"));
+            return trace::kafka_traceparent(m.headers())
+                .unwrap_or_else(|| panic!("message for {key} in {topic} has no traceparent"))
+                .to_string();
         }
     }
     panic!("no message for {key} in {topic} within 60 s")
@@ -307,21 +306,11 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
 
     // 2. Redirect on primary: request → spool → replayed click, one trace; the miss is logged.
     let (tp2, trace2, _) = traceparent();
-    let r = client()
-        .get(primary.url("/traced-1"))
-        .header("traceparent", &tp2)
-        .send()
-        .await
-        .unwrap();
+    let r = traced_get(&client(), &primary.url("/traced-1"), &tp2).await;
     assert_eq!(r.status(), StatusCode::FOUND);
     // At once (within the local cache's 2 s): a local-cache hit, sampled (ratio 0: no line).
     let (tp3, trace3, _) = traceparent();
-    let hit = client()
-        .get(primary.url("/traced-1"))
-        .header("traceparent", &tp3)
-        .send()
-        .await
-        .unwrap();
+    let hit = traced_get(&client(), &primary.url("/traced-1"), &tp3).await;
     assert_eq!(hit.status(), StatusCode::FOUND);
     let handle = otlp.span(&trace2, "redirect.handle").await;
     assert_eq!(handle.attrs["cache_layer"], "store");
@@ -349,12 +338,7 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
     );
     // An unknown slug is always logged.
     let (tp4, trace4, _) = traceparent();
-    let unknown = client()
-        .get(primary.url("/no-such-link"))
-        .header("traceparent", &tp4)
-        .send()
-        .await
-        .unwrap();
+    let unknown = traced_get(&client(), &primary.url("/no-such-link"), &tp4).await;
     assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
     logged(&primary_log, "the 404's log line", |l| {
         l["trace_id"] == trace4.as_str()
@@ -376,12 +360,7 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
         .local_address("127.0.0.2".parse::<std::net::IpAddr>().ok())
         .build()
         .unwrap();
-    let r = untrusted
-        .get(primary.url("/no-such-link-2"))
-        .header("traceparent", &tp5)
-        .send()
-        .await
-        .unwrap();
+    let r = traced_get(&untrusted, &primary.url("/no-such-link-2"), &tp5).await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     let line = logged(&primary_log, "the untrusted request's log line", |l| {
         l["event"] == "redirect" && l["slug"] == "no-such-link-2"
@@ -412,12 +391,7 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
         .ready()
         .await;
     let (tp6, trace6, caller6) = traceparent();
-    let r = client()
-        .get(lastresort.url("/traced-1"))
-        .header("traceparent", &tp6)
-        .send()
-        .await
-        .unwrap();
+    let r = traced_get(&client(), &lastresort.url("/traced-1"), &tp6).await;
     assert_eq!(r.status(), StatusCode::FOUND);
     let handle = otlp.span(&trace6, "redirect.handle").await;
     assert_eq!(
@@ -456,25 +430,10 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
 
 /// Every click message's traceparent in `topic` so far.
 async fn all_click_traces(brokers: &str, topic: &str) -> Vec<String> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    let consumer: StreamConsumer = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("tp-all-{}", uuid::Uuid::new_v4()))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = topic_reader(brokers, topic, "tp-all");
     let mut out = Vec::new();
     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(3), consumer.recv()).await {
-        if let Some(h) = m.headers() {
-            out.extend(
-                h.iter()
-                    .filter(|h| h.key == "traceparent")
-                    .filter_map(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned()),
-            );
-        }
+        out.extend(trace::kafka_traceparent(m.headers()).map(str::to_string));
     }
     out
 }
