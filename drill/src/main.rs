@@ -311,6 +311,7 @@ async fn writer(
     every: Duration,
     phase: Arc<AtomicUsize>,
     acting: Arc<AtomicBool>,
+    t0: Instant,
     stop: Arc<tokio::sync::Notify>,
 ) -> Vec<Write> {
     let mut watchers = tokio::task::JoinSet::new();
@@ -335,6 +336,7 @@ async fn writer(
             .send()
             .await
             .map_or(0, |r| r.status().as_u16());
+        let at_ms = t0.elapsed().as_millis() as u64;
         let (client, blob, host) = (
             client.clone(),
             format!("{blob_prefix}{slug}"),
@@ -348,6 +350,7 @@ async fn writer(
             };
             Write {
                 phase: p,
+                at_ms,
                 status,
                 to_rungs_ms,
             }
@@ -581,6 +584,7 @@ async fn main() -> anyhow::Result<()> {
             Duration::from_millis(a.create_every_ms),
             phase.clone(),
             acting.clone(),
+            t0,
             write_stop.clone(),
         ))
     });
@@ -648,7 +652,7 @@ async fn main() -> anyhow::Result<()> {
         r.action_s = s;
     }
     if let Some(w) = writes {
-        report::add_writes(&mut results, &w.await?);
+        report::add_writes(&phases, &mut results, &w.await?, a.eps_ms);
     }
 
     // Mappings: ScyllaDB vs S3. A store that lost acknowledged objects (a killed S3 server can)

@@ -47,6 +47,8 @@ pub struct Targets {
 #[derive(Clone, Debug)]
 pub struct Write {
     pub phase: usize,
+    /// When the create was answered, ms since the load started.
+    pub at_ms: u64,
     pub status: u16,
     /// Create answered → S3 has the page and the last-resort host serves it; None: not
     /// within the writer's patience (60 s), or the create failed.
@@ -71,6 +73,9 @@ pub struct PhaseResult {
     pub creates: usize,
     pub created: usize,
     pub not_replicated: usize,
+    /// Creates of a write-whole phase still on their way when a later phase broke the write
+    /// path less than ε after them: not held to ε (a break can strand them anywhere).
+    pub interrupted: usize,
     pub to_rungs_p99_ms: f64,
     pub to_rungs_max_ms: f64,
     pub action_error: Option<String>,
@@ -192,19 +197,38 @@ pub fn phase_results(
     out
 }
 
-/// Adds the writer's creates to their phases.
-pub fn add_writes(results: &mut [PhaseResult], writes: &[Write]) {
-    for (i, r) in results.iter_mut().enumerate() {
+/// Adds the writer's creates to their phases. In a phase whose write path is whole, a create
+/// is held to ε only while it stays whole: one that had not reached every rung when a later
+/// phase broke the write path, less than ε after it was made, is counted as interrupted, not as
+/// a miss (a link created 50 ms before S3 is killed cannot reach the last-resort host until S3
+/// is back, and says nothing about replication).
+pub fn add_writes(phases: &[Phase], results: &mut [PhaseResult], writes: &[Write], eps_ms: f64) {
+    for i in 0..results.len() {
+        // The write path stays whole until the first later phase that breaks it starts.
+        let whole_until = phases[i].writes_whole.then(|| {
+            (i + 1..phases.len())
+                .find(|&j| !phases[j].writes_whole)
+                .map_or(f64::INFINITY, |j| results[j].start_ms as f64)
+        });
         let w: Vec<&Write> = writes.iter().filter(|w| w.phase == i).collect();
+        let r = &mut results[i];
         r.creates = w.len();
         r.created = w.iter().filter(|w| w.status == 201).count();
-        let mut lat: Vec<u64> = w
-            .iter()
-            .filter_map(|w| w.to_rungs_ms)
-            .map(|ms| (ms * 1000.0) as u64)
-            .collect();
+        let (mut lat, mut interrupted) = (Vec::new(), 0);
+        for w in w.iter().filter(|w| w.status == 201) {
+            let cut = whole_until.is_some_and(|until| {
+                let reached = w.to_rungs_ms.map(|ms| w.at_ms as f64 + ms);
+                until - (w.at_ms as f64) < eps_ms && reached.is_none_or(|t| t > until)
+            });
+            if cut {
+                interrupted += 1;
+            } else if let Some(ms) = w.to_rungs_ms {
+                lat.push((ms * 1000.0) as u64);
+            }
+        }
         lat.sort_unstable();
-        r.not_replicated = r.created - lat.len();
+        r.interrupted = interrupted;
+        r.not_replicated = r.created - interrupted - lat.len();
         r.to_rungs_p99_ms = pct(&lat, 0.99);
         r.to_rungs_max_ms = pct(&lat, 1.0);
     }
@@ -291,7 +315,11 @@ pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
             r.added_p99_ms,
             r.max_ms,
             format!("{}/{}", r.clicks_sent, r.clicks_counted),
-            format!("{}/{}", r.created, r.creates),
+            if r.interrupted > 0 {
+                format!("{}/{} ({}i)", r.created, r.creates, r.interrupted)
+            } else {
+                format!("{}/{}", r.created, r.creates)
+            },
             r.to_rungs_max_ms,
             rungs,
             if r.misses.is_empty() {
@@ -299,6 +327,11 @@ pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
             } else {
                 format!("MISS: {}", r.misses.join("; "))
             }
+        );
+    }
+    if results.iter().any(|r| r.interrupted > 0) {
+        println!(
+            "(Ni): N creates were on their way when the next phase broke the write path, less than ε after them; not held to ε"
         );
     }
 }
@@ -342,6 +375,7 @@ pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
         "settled_p99_ms": r.settled_p99_ms, "added_p99_ms": r.added_p99_ms,
         "clicks_sent": r.clicks_sent, "clicks_counted": r.clicks_counted,
         "writes_whole": p.writes_whole, "creates": r.creates, "created": r.created,
+        "creates_interrupted": r.interrupted,
         "not_replicated": r.not_replicated, "create_to_every_rung_p99_ms": r.to_rungs_p99_ms,
         "create_to_every_rung_max_ms": r.to_rungs_max_ms,
         "action_error": r.action_error, "action_s": r.action_s,
@@ -640,22 +674,35 @@ mod tests {
         r[1].clicks_counted = 100;
         r[2].clicks_sent = 100;
         r[2].clicks_counted = 99;
-        let w = |phase, status, ms| Write {
+        let w = |phase, at_ms, status, ms| Write {
             phase,
+            at_ms,
             status,
             to_rungs_ms: ms,
         };
         // While the store hangs a create may wait for it; once it is back, ε holds again.
+        // Creates made just before the store hangs are cut off by it, not held to ε.
         let writes = [
-            w(0, 201, Some(800.0)),
-            w(1, 201, None),
-            w(1, 503, None),
-            w(2, 201, Some(6000.0)),
+            w(0, 100, 201, Some(800.0)),
+            w(0, 900, 201, Some(5500.0)),
+            w(0, 950, 201, None),
+            w(1, 1100, 201, None),
+            w(1, 1200, 503, None),
+            w(2, 2100, 201, Some(6000.0)),
         ];
-        add_writes(&mut r, &writes);
+        add_writes(&ph, &mut r, &writes, t.eps_ms);
+        assert_eq!(
+            (r[0].created, r[0].interrupted, r[0].not_replicated),
+            (3, 2, 0)
+        );
+        assert_eq!(r[0].to_rungs_max_ms, 800.0);
         judge(&ph, &mut r, &t);
         assert!(r[0].misses.is_empty(), "{:?}", r[0].misses);
         assert_eq!((r[1].creates, r[1].created, r[1].not_replicated), (2, 1, 1));
+        assert_eq!(
+            r[2].interrupted, 0,
+            "nothing breaks the write path after the last phase"
+        );
         assert!(r[1].misses.is_empty(), "settled: {:?}", r[1].misses);
         assert_eq!(r[2].failed, 1);
         assert_eq!(
