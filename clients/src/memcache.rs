@@ -68,6 +68,8 @@ pub struct Memcache {
     slots: Vec<Mutex<Option<BufStream<TcpStream>>>>,
     next: AtomicUsize,
     timeout: Duration,
+    /// Budget of `set` and `delete`: what a change writes, off the redirect path.
+    write_timeout: Duration,
     breaker: Breaker,
 }
 
@@ -85,14 +87,23 @@ impl Memcache {
             slots: (0..pool.max(1)).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             timeout,
+            write_timeout: timeout,
             breaker,
         }
+    }
+
+    /// A longer budget for `set` and `delete`: a link change waits for memcached to take the
+    /// new value (a busy memcached answers a write in 30 ms as often as a get in 2), and the
+    /// redirect path's short budget would turn a slow write into a stale read.
+    pub fn with_write_timeout(mut self, write_timeout: Duration) -> Self {
+        self.write_timeout = write_timeout;
+        self
     }
 
     /// A `memcached.get` span of the current trace (`hit`; failed on error).
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, McError> {
         let mut span = crate::trace::Span::in_current("memcached.get");
-        let got = match self.exec(Op::Get(key)).await {
+        let got = match self.exec(Op::Get(key), self.timeout).await {
             Ok(Reply::Value(v)) => Ok(v),
             Ok(_) => Err(McError::Protocol("unexpected reply to get".into())),
             Err(e) => Err(e),
@@ -105,7 +116,7 @@ impl Memcache {
     }
 
     pub async fn set(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<(), McError> {
-        self.exec(Op::Store("set", key, value, ttl_s))
+        self.exec(Op::Store("set", key, value, ttl_s), self.write_timeout)
             .await
             .map(|_| ())
     }
@@ -125,14 +136,19 @@ impl Memcache {
     /// this, changes use [`Memcache::set`]: a fill that read the store before a change and
     /// arrives after the change's write cannot put the old value back.
     pub async fn add(&self, key: &str, value: &[u8], ttl_s: u32) -> Result<bool, McError> {
-        match self.exec(Op::Store("add", key, value, ttl_s)).await? {
+        match self
+            .exec(Op::Store("add", key, value, ttl_s), self.timeout)
+            .await?
+        {
             Reply::Stored(stored) => Ok(stored),
             _ => Err(McError::Protocol("unexpected reply to add".into())),
         }
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), McError> {
-        self.exec(Op::Delete(key)).await.map(|_| ())
+        self.exec(Op::Delete(key), self.write_timeout)
+            .await
+            .map(|_| ())
     }
 
     /// A JSON value; one that does not decode is an error of kind `decode`.
@@ -169,7 +185,7 @@ impl Memcache {
         });
     }
 
-    async fn exec(&self, op: Op<'_>) -> Result<Reply, McError> {
+    async fn exec(&self, op: Op<'_>, budget: Duration) -> Result<Reply, McError> {
         let key = match &op {
             Op::Get(k) | Op::Store(_, k, ..) | Op::Delete(k) => *k,
         };
@@ -193,7 +209,7 @@ impl Memcache {
         };
         // Every error here is memcached (or the way to it) misbehaving: all count.
         self.breaker
-            .call(self.timeout, |_: &McError| true, attempt)
+            .call(budget, |_: &McError| true, attempt)
             .await
             .map_err(|e| match e {
                 CallError::Open(_) => McError::BackingOff,

@@ -84,16 +84,19 @@ impl AppState {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Self>, String> {
         let memcached = cfg.memcached_addr().map(|addr| {
-            Arc::new(Memcache::new(
-                addr,
-                cfg.memcached_pool,
-                Duration::from_millis(cfg.memcached_timeout_ms),
-                Breaker::new(
-                    "memcached",
-                    cfg.memcached_breaker(),
-                    Some(metrics.breakers.clone()),
-                ),
-            ))
+            Arc::new(
+                Memcache::new(
+                    addr,
+                    cfg.memcached_pool,
+                    Duration::from_millis(cfg.memcached_timeout_ms),
+                    Breaker::new(
+                        "memcached",
+                        cfg.memcached_breaker(),
+                        Some(metrics.breakers.clone()),
+                    ),
+                )
+                .with_write_timeout(Duration::from_millis(cfg.memcached_write_timeout_ms)),
+            )
         });
         let cache = RedirectCache::new(
             CacheSettings {

@@ -240,16 +240,26 @@ impl RedirectCache {
     }
 
     /// After a status change: this instance forgets the slug and memcached gets the new value
-    /// (`set`) before the PATCH answers. Fills use `add`, so a fill that read the old row
-    /// before the change and lands after this write cannot put the old answer back (the race
-    /// test in tests/tests/security.rs). If memcached cannot be written now, the key is deleted
-    /// in the background until memcached takes it (a delete is always safe to repeat; an old
-    /// `set` would not be), so a stale value outlives an outage by at most one retry.
+    /// (`set`, within --memcached-write-timeout-ms, longer than a redirect's get) before the
+    /// PATCH answers. Fills use `add`, so a fill that read the old row before the change and
+    /// lands after this write cannot put the old answer back (the race test in
+    /// tests/tests/security.rs). If the `set` fails the key is deleted before answering, and
+    /// if that fails too, in the background until memcached takes it (a delete is always safe
+    /// to repeat; an old `set` would not be), so a stale value outlives an outage by at most
+    /// one retry.
     pub async fn changed(&self, slug: &str, link: &CachedLink) {
         self.local.invalidate(slug).await;
         let Some(mc) = &self.memcached else { return };
         let key = self.mc_key(slug);
         let Err(e) = mc.set_json(&key, link, self.settings.memcached_ttl_s).await else {
+            return;
+        };
+        self.metrics
+            .memcached_errors
+            .with_label_values(&[e.kind()])
+            .inc();
+        // Not written: take the old value out before answering, if memcached lets us.
+        let Err(e) = mc.delete(&key).await else {
             return;
         };
         self.metrics

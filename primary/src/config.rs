@@ -169,6 +169,11 @@ pub struct ServeConfig {
     /// Past it the redirect falls through to the store.
     #[arg(long, env = "ZLINK_MEMCACHED_TIMEOUT_MS", default_value_t = 20)]
     pub memcached_timeout_ms: u64,
+    /// Budget for writing a changed link into memcached (`set`, or `delete` when that fails)
+    /// before the change answers, milliseconds. Only when both fail is the key deleted in the
+    /// background, and a stale value readable until that lands.
+    #[arg(long, env = "ZLINK_MEMCACHED_WRITE_TIMEOUT_MS", default_value_t = 250)]
+    pub memcached_write_timeout_ms: u64,
     /// Connections kept open to memcached.
     #[arg(long, env = "ZLINK_MEMCACHED_POOL", default_value_t = 8)]
     pub memcached_pool: usize,
@@ -292,6 +297,9 @@ impl ServeConfig {
         }
         if self.memcached_timeout_ms == 0 || self.memcached_timeout_ms > 1000 {
             return Err("--memcached-timeout-ms must be between 1 and 1000".into());
+        }
+        if !(1..=5000).contains(&self.memcached_write_timeout_ms) {
+            return Err("--memcached-write-timeout-ms must be between 1 and 5000".into());
         }
         if self.local_cache_bytes < 1024 * 1024 {
             return Err("--local-cache-bytes must be at least 1 MiB".into());
