@@ -4,8 +4,10 @@
 //! - [`breaker`]: deadlines and circuit breaking in front of any dependency.
 //! - [`memcache`]: small async memcached client with hard timeouts and a breaker.
 //! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
-//! - [`kafka`]: the producer and reconnect settings every process shares.
+//! - [`kafka`]: the producer, consumer and reconnect settings every process shares; consumer lag.
 //! - [`process`]: logging and shutdown signals for every binary.
+//! - [`ops`]: the ops endpoint (`/healthz`, `/readyz`, `/metrics`) of the background services.
+//! - [`clock`]: time as a dependency (a manual clock for tests).
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
 //! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
 //! - [`trace`]: W3C trace context, spans exported over OTLP, sampled request logs.
@@ -13,8 +15,10 @@
 
 pub mod breaker;
 pub mod clicks;
+pub mod clock;
 pub mod kafka;
 pub mod memcache;
+pub mod ops;
 pub mod process;
 pub mod s3;
 pub mod spool;

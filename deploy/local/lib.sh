@@ -26,6 +26,9 @@ WEED="$ZLINK_CACHE/seaweedfs-$SEAWEEDFS_VERSION/bin/weed"
 TOXIPROXY_VERSION=2.12.0
 TOXIPROXY="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/server"
 TOXIPROXY_CLI="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/cli"
+# cargo-machete (pinned): the lint step fails on a dependency no crate uses.
+MACHETE_VERSION=0.9.2
+MACHETE="$ZLINK_CACHE/cargo-machete-$MACHETE_VERSION/bin/cargo-machete"
 # The fixed cluster id Kafka's log dir is formatted with (base64 of 16 bytes).
 KAFKA_CLUSTER_ID="emxpbmstbG9jYWwtMDAwMQ"
 # Topics and their partition counts: the one place they are set.

@@ -1,9 +1,7 @@
 //! Every lastresort metric, registered in one place under `zlink_lastresort_`, plus the local
 //! `/stats` aggregates (this tier assumes no metrics system is alive).
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -117,9 +115,7 @@ impl Metrics {
     }
 
     pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        out
+        zlink_clients::ops::render(&self.registry)
     }
 
     /// `/stats`: total redirects and the per-slug counts, busiest first (at most `top`).

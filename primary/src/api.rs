@@ -4,7 +4,6 @@ use crate::app::{AppState, Limit};
 use crate::auth::Principal;
 use crate::error::{json_response, ApiError};
 use crate::http::Resp;
-use crate::store::{DisabledBy, Link, OutboxRow};
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -12,6 +11,7 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+use zlink_store::db::{DisabledBy, Link, OutboxRow};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
 

@@ -6,12 +6,12 @@
 //! not become a flood of store reads (unknown tokens are also limited per client address).
 
 use crate::error::ApiError;
-use crate::store::Store;
 use moka::future::Cache;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_store::db::Store;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -109,10 +109,12 @@ impl Authenticator {
             .cache
             .try_get_with(hash.clone(), async move {
                 let rec = store.get_api_key(&hash).await?;
-                Ok::<_, crate::store::StoreError>(rec.filter(|r| !r.revoked).map(|r| Principal {
-                    key_id: r.key_id,
-                    owner: r.owner,
-                    admin: r.admin,
+                Ok::<_, zlink_store::db::StoreError>(rec.filter(|r| !r.revoked).map(|r| {
+                    Principal {
+                        key_id: r.key_id,
+                        owner: r.owner,
+                        admin: r.admin,
+                    }
                 }))
             })
             .await

@@ -8,7 +8,6 @@
 
 use crate::memcache::Memcache;
 use crate::metrics::Metrics;
-use crate::store::{Link, Store, StoreError};
 use moka::future::Cache;
 use moka::Expiry;
 use serde::{Deserialize, Serialize};
@@ -16,6 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zlink_clients::trace::Span;
+use zlink_store::db::{Link, Store, StoreError};
 use zlink_wire::LinkStatus;
 
 /// What a redirect needs to know about a link; also the memcached value (JSON).

@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
+use zlink_store::StoreConfig;
 
 pub use zlink_clients::Secret;
 
@@ -44,61 +45,7 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct StoreConfig {
-    /// ScyllaDB/Cassandra contact points, host:port, comma-separated.
-    #[arg(
-        long,
-        env = "ZLINK_CQL_NODES",
-        value_delimiter = ',',
-        default_value = "127.0.0.1:9042"
-    )]
-    pub cql_nodes: Vec<String>,
-    /// Keyspace holding every zlink table ([a-z0-9_], at most 48 characters).
-    #[arg(long, env = "ZLINK_KEYSPACE", default_value = "zlink")]
-    pub keyspace: String,
-    /// Per-request timeout for CQL statements, in milliseconds.
-    #[arg(long, env = "ZLINK_CQL_TIMEOUT_MS", default_value_t = 2000)]
-    pub cql_timeout_ms: u64,
-}
-
-impl StoreConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        if self.cql_nodes.iter().all(|n| n.trim().is_empty()) {
-            return Err("--cql-nodes: at least one contact point is required".into());
-        }
-        validate_keyspace(&self.keyspace)?;
-        if !(10..=60_000).contains(&self.cql_timeout_ms) {
-            return Err("--cql-timeout-ms must be between 10 and 60000".into());
-        }
-        Ok(())
-    }
-
-    pub fn cql_timeout(&self) -> Duration {
-        Duration::from_millis(self.cql_timeout_ms)
-    }
-}
-
-/// Keyspace names reach CQL text (DDL cannot bind them), so only `[a-z0-9_]` is accepted.
-pub fn validate_keyspace(ks: &str) -> Result<(), String> {
-    let ok = !ks.is_empty()
-        && ks.len() <= 48
-        && ks
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && ks.as_bytes()[0].is_ascii_lowercase();
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("keyspace {ks:?} must match [a-z][a-z0-9_]{{0,47}}"))
-    }
-}
-
-pub fn is_topic_name(t: &str) -> bool {
-    (1..=249).contains(&t.len())
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-}
+pub use zlink_clients::kafka::is_topic_name;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {

@@ -7,10 +7,6 @@
 //! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
 //! uncommitted batches, and counting them again changes nothing.
 
-use crate::clickstats::{day_of, ClickStore, Counted};
-use crate::config::{is_topic_name, StoreConfig};
-use crate::ops::{self, Ops};
-use crate::store::{Store, StoreError};
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
@@ -22,7 +18,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zlink_clients::kafka;
+use zlink_clients::kafka::is_topic_name;
 use zlink_clients::now_ms;
+use zlink_clients::ops::Ops;
+use zlink_store::clicks::{day_of, ClickStore, Counted};
+use zlink_store::db::{Store, StoreError};
+use zlink_store::StoreConfig;
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -158,7 +160,7 @@ impl CounterMetrics {
     }
 
     pub fn render(&self) -> Vec<u8> {
-        crate::metrics::render(&self.registry)
+        zlink_clients::ops::render(&self.registry)
     }
 }
 
@@ -198,7 +200,7 @@ impl Counter {
     pub async fn new(cfg: &CountConfig, store: Arc<Store>) -> anyhow::Result<Arc<Self>> {
         // Only offsets of counted batches are ever committed.
         let consumer: StreamConsumer =
-            ops::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
+            kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
                 .set("fetch.wait.max.ms", "100")
                 .create()?;
         consumer.subscribe(&[&cfg.clicks_topic])?;
@@ -224,7 +226,11 @@ impl Counter {
             ready: false.into(),
         });
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(ops::serve(listener, ops.clone(), shutdown.clone()));
+        tasks.spawn(zlink_clients::ops::serve(
+            listener,
+            ops.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(self.clone().probe(ops, shutdown.clone()));
         self.consume(&shutdown).await;
         shutdown.cancel();
@@ -245,7 +251,7 @@ impl Counter {
                     .consumer
                     .fetch_metadata(Some(&this.cfg.clicks_topic), Duration::from_secs(1))
                     .is_ok();
-                (ok, ops::consumer_lag(&this.consumer))
+                (ok, kafka::consumer_lag(&this.consumer))
             })
             .await
             .unwrap_or((false, Vec::new()));
@@ -278,7 +284,7 @@ impl Counter {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    ops::exit_if_fatal(&self.consumer);
+                    kafka::exit_if_fatal(&self.consumer);
                     tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -295,7 +301,7 @@ impl Counter {
                     Ok(m) => batch.push(m.detach()),
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka receive error");
-                    ops::exit_if_fatal(&self.consumer);
+                    kafka::exit_if_fatal(&self.consumer);
                         break;
                     }
                 },
@@ -344,7 +350,7 @@ impl Counter {
                 std::process::abort();
             }
             for ((topic, partition), last) in offsets {
-                ops::store_done(&self.consumer, &topic, partition, last);
+                kafka::store_done(&self.consumer, &topic, partition, last);
             }
         }
     }

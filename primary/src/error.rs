@@ -1,10 +1,10 @@
 //! API errors: who is at fault, and the one mapping to HTTP status and JSON body.
 
-use crate::store::StoreError;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use thiserror::Error;
+use zlink_store::db::StoreError;
 
 #[derive(Debug, Error)]
 pub enum ApiError {

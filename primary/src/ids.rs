@@ -3,12 +3,12 @@
 //! instance's block runs out (once every `block_size` creates). IDs of a block that is never
 //! used up (instance restart) are simply skipped: the space is 62^7.
 
-use crate::store::{Store, StoreError};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Mutex;
+use zlink_store::db::{Store, StoreError};
 
 const COUNTER: &str = "auto";
 

@@ -8,7 +8,6 @@
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
-//! - [`store`]: every CQL statement, LWTs, schema migration.
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
 //! - [`keys`]: `POST /api/v1/keys`, `DELETE /api/v1/keys/{id}` (admin).
@@ -18,17 +17,14 @@
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
 //! - [`counter`]: the click counter (`primary count-clicks`): `clicks` topic → aggregates.
-//! - [`clickstats`]: click aggregates in ScyllaDB, exactly-once writes, the stats read model.
-//! - [`ops`]: ops endpoint and consumer lag of the background services.
-//! - [`clock`]: time as a dependency.
-//! - [`runtime`]: process plumbing shared by the binaries (tracing, signals, store retry).
+//!
+//! The store (schema, statements, click aggregates) is the `zlink-store` crate; clients, the
+//! clock and the background services' ops endpoint are in `zlink-clients`.
 
 pub mod api;
 pub mod app;
 pub mod auth;
 pub mod cache;
-pub mod clickstats;
-pub mod clock;
 pub mod config;
 pub mod counter;
 pub mod error;
@@ -39,13 +35,10 @@ pub mod keys;
 pub mod limits;
 pub use zlink_clients::memcache;
 pub mod metrics;
-pub mod ops;
 pub mod policy;
 pub mod redirect;
 pub mod relay;
-pub mod runtime;
 pub mod stats;
-pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,10 +59,10 @@ pub async fn run(
 /// Puts the store's circuit breaker and budgets (from `cfg`) in front of `store`: what a
 /// serving primary (binary and tests alike) talks to.
 pub fn guard_store(
-    store: store::Store,
+    store: zlink_store::Store,
     cfg: &config::ServeConfig,
     metrics: &metrics::Metrics,
-) -> store::Store {
+) -> zlink_store::Store {
     let breaker = zlink_clients::breaker::Breaker::new(
         "store",
         cfg.store_breaker(),
@@ -86,9 +79,9 @@ pub fn guard_store(
 /// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
 pub fn event_sink(
     cfg: &config::ServeConfig,
-    store: Arc<store::Store>,
+    store: Arc<zlink_store::Store>,
     metrics: Arc<metrics::Metrics>,
-    clock: Arc<dyn clock::Clock>,
+    clock: Arc<dyn zlink_clients::clock::Clock>,
     shutdown: &CancellationToken,
     background: &mut tokio::task::JoinSet<()>,
 ) -> Result<Arc<dyn events::EventSink>, String> {

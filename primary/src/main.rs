@@ -1,21 +1,23 @@
 use anyhow::{bail, Context};
 use clap::Parser;
 use primary::app::AppState;
-use primary::clock::{Clock, SystemClock};
 use primary::config::{Cli, Command, ServeConfig};
 use primary::counter::{CountConfig, Counter};
 use primary::metrics::Metrics;
-use primary::{auth, run, runtime, store};
+use primary::{auth, run};
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_clients::clock::{Clock, SystemClock};
+use zlink_clients::process::{init_tracing, shutdown_on_signals};
+use zlink_store::connect::{connect_store, retry_for};
 
 async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
     zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
-    let shutdown = runtime::shutdown_on_signals();
-    let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
+    let shutdown = shutdown_on_signals();
+    let store = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
     let metrics = Arc::new(Metrics::new());
@@ -56,8 +58,8 @@ async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
-    let shutdown = runtime::shutdown_on_signals();
-    let store = runtime::connect_store(&cfg.store, Duration::from_secs(60))
+    let shutdown = shutdown_on_signals();
+    let store = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
     let counter = Counter::new(&cfg, Arc::new(store))
@@ -73,7 +75,7 @@ async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    runtime::init_tracing();
+    init_tracing();
     match Cli::parse().command {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::CountClicks(cfg) => count_clicks(*cfg).await,
@@ -82,8 +84,8 @@ async fn main() -> anyhow::Result<()> {
             replication_factor,
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
-            runtime::retry_for("schema migration", Duration::from_secs(60), || {
-                store::migrate(&cfg, replication_factor)
+            retry_for("schema migration", Duration::from_secs(60), || {
+                zlink_store::db::migrate(&cfg, replication_factor)
             })
             .await
             .context("applying the schema")?;
@@ -97,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
             auth::validate_owner(&owner).map_err(anyhow::Error::msg)?;
-            let store = runtime::connect_store(&cfg, Duration::from_secs(30))
+            let store = connect_store(&cfg, Duration::from_secs(30))
                 .await
                 .context("connecting to the store")?;
             let (key, key_id) = auth::generate_key();

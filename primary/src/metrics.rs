@@ -1,9 +1,7 @@
 //! Every primary metric, registered in one place under `zlink_primary_`. The rest of the code
 //! holds these typed handles; no metric names are spelled anywhere else.
 
-use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
 pub struct Metrics {
     registry: Registry,
@@ -143,16 +141,8 @@ impl Metrics {
 
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
-        render(&self.registry)
+        zlink_clients::ops::render(&self.registry)
     }
-}
-
-/// Prometheus text exposition of a registry.
-pub fn render(registry: &Registry) -> Vec<u8> {
-    let mut out = Vec::new();
-    // Encoding into a Vec cannot fail for well-formed metrics.
-    let _ = TextEncoder::new().encode(&registry.gather(), &mut out);
-    out
 }
 
 impl Default for Metrics {

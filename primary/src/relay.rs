@@ -16,17 +16,17 @@
 //! The same leased loop runs the expiry scheduler.
 
 use crate::api::link_event;
-use crate::clock::Clock;
 use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
-use crate::store::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clock::Clock;
 use zlink_clients::trace::{self, Span, TraceContext};
+use zlink_store::db::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
 use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
 use zlink_wire::LinkStatus;
 

@@ -3,13 +3,13 @@
 
 use crate::api::{effective_status, load_managed};
 use crate::app::{AppState, Limit};
-use crate::clickstats::{day_of, ClickStore};
 use crate::error::{json_response, ApiError};
 use crate::http::Resp;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::Full;
 use std::sync::Arc;
+use zlink_store::clicks::{day_of, ClickStore};
 use zlink_wire::blob::escape_html;
 use zlink_wire::{slug, LinkStatus};
 

@@ -5,14 +5,14 @@
 
 use crate::metrics::Metrics;
 use crate::s3::{S3Error, S3Store};
-use primary::clock::Clock;
-use primary::store::Store;
 use rand::Rng;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clock::Clock;
 use zlink_clients::trace::Span;
+use zlink_store::db::{Store, StoreError};
 use zlink_wire::blob::{Blob, GoneReason, Tombstone};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
@@ -93,7 +93,7 @@ pub fn desired(ev: &LinkEvent, now_ms: i64) -> Desired {
 }
 
 /// What S3 should hold for a link as stored: the same rule as for events.
-pub fn desired_for_link(l: &primary::store::Link, now_ms: i64) -> Desired {
+pub fn desired_for_link(l: &zlink_store::db::Link, now_ms: i64) -> Desired {
     desired_state(
         l.status,
         &l.url,
@@ -144,9 +144,16 @@ impl From<S3Error> for Failure {
     }
 }
 
-impl From<primary::store::StoreError> for Failure {
-    fn from(e: primary::store::StoreError) -> Self {
-        Failure::Transient(e.to_string())
+/// A row this code cannot have written does not heal by retrying: the event is parked in the
+/// dead-letter topic (logged and counted there). Everything else the store says may pass.
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Corrupt(_) => Failure::Permanent(e.to_string()),
+            StoreError::Unavailable(_) | StoreError::Contention(_) | StoreError::CircuitOpen => {
+                Failure::Transient(e.to_string())
+            }
+        }
     }
 }
 
@@ -166,9 +173,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 impl Applier {
     /// Retries transient failures with exponential backoff and equal jitter until success,
-    /// a permanent failure, or shutdown.
+    /// a permanent failure, or shutdown. Failures of S3 operations (`is_s3`) are counted in
+    /// `s3_failures_total`; the store's are only logged.
     async fn retry<T, F, Fut>(
         &self,
+        is_s3: bool,
         what: &str,
         shutdown: &CancellationToken,
         mut op: F,
@@ -182,17 +191,21 @@ impl Applier {
             match op().await {
                 Ok(v) => return Ok(v),
                 Err(Failure::Permanent(m)) => {
-                    self.metrics
-                        .s3_failures
-                        .with_label_values(&["permanent"])
-                        .inc();
+                    if is_s3 {
+                        self.metrics
+                            .s3_failures
+                            .with_label_values(&["permanent"])
+                            .inc();
+                    }
                     return Err(ApplyError::Permanent(format!("{what}: {m}")));
                 }
                 Err(Failure::Transient(m)) => {
-                    self.metrics
-                        .s3_failures
-                        .with_label_values(&["transient"])
-                        .inc();
+                    if is_s3 {
+                        self.metrics
+                            .s3_failures
+                            .with_label_values(&["transient"])
+                            .inc();
+                    }
                     let half = delay.as_millis() as u64 / 2;
                     let sleep = Duration::from_millis(half + rand::rng().random_range(0..=half));
                     tracing::warn!(what, error = %m, retry_in_ms = sleep.as_millis() as u64, "transient failure");
@@ -212,7 +225,7 @@ impl Applier {
         shutdown: &CancellationToken,
     ) -> Result<Outcome, ApplyError> {
         let recorded = self
-            .retry("read replica version", shutdown, || async {
+            .retry(false, "read replica version", shutdown, || async {
                 Ok(self.store.replica_version(&ev.slug).await?)
             })
             .await?;
@@ -226,12 +239,12 @@ impl Applier {
                 let mut span = Span::in_current("s3.put");
                 span.set("slug", ev.slug.clone());
                 span.set("version", ev.version);
-                self.retry("put blob", shutdown, || async {
+                self.retry(true, "put blob", shutdown, || async {
                     Ok(self.s3.put(&ev.slug, &blob).await?)
                 })
                 .await?;
                 span.end();
-                self.retry("delete tombstone", shutdown, || async {
+                self.retry(true, "delete tombstone", shutdown, || async {
                     Ok(self.s3.delete_tombstone(&ev.slug).await?)
                 })
                 .await?;
@@ -241,19 +254,19 @@ impl Applier {
                 let mut span = Span::in_current("s3.put_tombstone");
                 span.set("slug", ev.slug.clone());
                 span.set("version", ev.version);
-                self.retry("put tombstone", shutdown, || async {
+                self.retry(true, "put tombstone", shutdown, || async {
                     Ok(self.s3.put_tombstone(&ev.slug, &t).await?)
                 })
                 .await?;
                 span.end();
-                self.retry("delete blob", shutdown, || async {
+                self.retry(true, "delete blob", shutdown, || async {
                     Ok(self.s3.delete(&ev.slug).await?)
                 })
                 .await?;
                 Outcome::Deleted
             }
         };
-        self.retry("record replica version", shutdown, || async {
+        self.retry(false, "record replica version", shutdown, || async {
             Ok(self.store.replica_version_set(&ev.slug, ev.version).await?)
         })
         .await?;
@@ -328,5 +341,14 @@ mod tests {
             assert!(matches!(decode(Some(bad)), Err(ApplyError::Permanent(_))));
         }
         assert!(decode(None).is_err());
+    }
+
+    #[test]
+    fn a_corrupt_row_is_parked_and_an_outage_retried() {
+        let f = |e| matches!(Failure::from(e), Failure::Permanent(_));
+        assert!(f(StoreError::Corrupt("status \"x\"".into())));
+        assert!(!f(StoreError::Unavailable("down".into())));
+        assert!(!f(StoreError::CircuitOpen));
+        assert!(!f(StoreError::Contention("lost")));
     }
 }

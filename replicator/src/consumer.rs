@@ -41,7 +41,7 @@ pub struct KafkaConfig {
 
 impl KafkaConfig {
     pub fn validate(&self) -> Result<(), String> {
-        use primary::config::is_topic_name;
+        use zlink_clients::kafka::is_topic_name;
         if !self.group_instance_id.is_empty() && !is_topic_name(&self.group_instance_id) {
             return Err("--group-instance-id must be 1-249 characters of [A-Za-z0-9._-]".into());
         }
@@ -73,7 +73,7 @@ impl Pipeline {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
         // Only offsets we stored (after S3 confirmed) are ever committed.
-        let consumer: StreamConsumer = primary::ops::manual_store_consumer(
+        let consumer: StreamConsumer = zlink_clients::kafka::manual_store_consumer(
             &cfg.kafka,
             &cfg.group_id,
             &cfg.group_instance_id,
@@ -121,7 +121,7 @@ impl Pipeline {
                 Ok(m) => m.detach(),
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    primary::ops::exit_if_fatal(&self.consumer);
+                    zlink_clients::kafka::exit_if_fatal(&self.consumer);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -186,7 +186,7 @@ impl Pipeline {
                 }
                 Err(ApplyError::Cancelled) => return,
             }
-            primary::ops::store_done(&self.consumer, msg.topic(), partition, msg.offset());
+            zlink_clients::kafka::store_done(&self.consumer, msg.topic(), partition, msg.offset());
         }
     }
 
@@ -235,10 +235,11 @@ impl Pipeline {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             }
             let this = self.clone();
-            let lags =
-                tokio::task::spawn_blocking(move || primary::ops::consumer_lag(&this.consumer))
-                    .await
-                    .unwrap_or_default();
+            let lags = tokio::task::spawn_blocking(move || {
+                zlink_clients::kafka::consumer_lag(&this.consumer)
+            })
+            .await
+            .unwrap_or_default();
             for (p, lag) in lags {
                 self.metrics
                     .consumer_lag

@@ -14,12 +14,12 @@ pub use zlink_clients::s3;
 
 use apply::Applier;
 use consumer::Pipeline;
-use primary::ops::{self, Ops};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::ops::{self, Ops};
 
 /// Runs the consumer pipeline and the ops endpoint until `shutdown`; returns once the consumer
 /// has stopped and committed.

@@ -1,8 +1,8 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use primary::clock::{Clock, SystemClock};
-use primary::config::StoreConfig;
-use primary::runtime;
+use zlink_clients::clock::{Clock, SystemClock};
+use zlink_store::StoreConfig;
+
 use replicator::apply::Applier;
 use replicator::consumer::{KafkaConfig, Pipeline};
 use replicator::metrics::Metrics;
@@ -53,7 +53,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    runtime::init_tracing();
+    zlink_clients::process::init_tracing();
     match Cli::parse().command {
         Command::Run {
             listen,
@@ -68,12 +68,12 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             zlink_clients::trace::init(&trace, "replicator").map_err(anyhow::Error::msg)?;
-            let shutdown = runtime::shutdown_on_signals();
+            let shutdown = zlink_clients::process::shutdown_on_signals();
             let metrics = Arc::new(Metrics::new());
             let applier = Arc::new(Applier {
                 s3: Arc::new(S3Store::new(&s3)),
                 store: Arc::new(
-                    runtime::connect_store(&store, Duration::from_secs(60))
+                    zlink_store::connect::connect_store(&store, Duration::from_secs(60))
                         .await
                         .context("connecting to the store")?,
                 ),
@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             let store = Arc::new(
-                runtime::connect_store(&store, Duration::from_secs(30))
+                zlink_store::connect::connect_store(&store, Duration::from_secs(30))
                     .await
                     .context("connecting to the store")?,
             );

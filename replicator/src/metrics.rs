@@ -59,7 +59,7 @@ impl Metrics {
     }
 
     pub fn render(&self) -> Vec<u8> {
-        primary::metrics::render(&self.registry)
+        zlink_clients::ops::render(&self.registry)
     }
 }
 

@@ -9,9 +9,9 @@
 
 use crate::apply::{desired_for_link, Desired};
 use crate::s3::{KeyKind, S3Error, S3Store};
-use primary::store::{ScanPage, Store, StoreError};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
+use zlink_store::db::{ScanPage, Store, StoreError};
 use zlink_wire::blob::{self, Blob};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -88,7 +88,7 @@ enum Checked {
     Changed,
 }
 
-async fn check_link(ctx: &Ctx, link: primary::store::Link) -> Result<Checked, ReconcileError> {
+async fn check_link(ctx: &Ctx, link: zlink_store::db::Link) -> Result<Checked, ReconcileError> {
     let want = desired_for_link(&link, ctx.now_ms);
     let have = ctx.s3.get(&link.slug).await?;
     let (drift, what) = match (&want, &have) {

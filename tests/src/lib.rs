@@ -9,14 +9,15 @@
 pub mod faults;
 
 use primary::app::AppState;
-use primary::clock::{Clock, SystemClock};
-use primary::config::{Cli, Command, StoreConfig};
+use primary::config::{Cli, Command};
 use primary::events::EventSink;
 use primary::metrics::Metrics;
-use primary::store::{self, Store};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clock::{Clock, SystemClock};
+use zlink_store::db::{self as store, Store};
+use zlink_store::StoreConfig;
 use zlink_wire::events::{ClickEvent, LinkEvent};
 
 /// Addresses of the shared servers.

@@ -3,8 +3,6 @@
 //! SIGKILL at an arbitrary moment, one spool replayed twice, and a Kafka outage during which
 //! primary and lastresort both take clicks. Also the stats API and the info page.
 
-use primary::clickstats::{day_of, referrer_host, tier_name, ClickStore, LinkStats, DAY_MS};
-use primary::store::Store;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -13,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 use zlink_e2e::*;
+use zlink_store::clicks::{day_of, referrer_host, tier_name, ClickStore, LinkStats, DAY_MS};
+use zlink_store::db::Store;
 use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
 
 const SLUGS: usize = 10;

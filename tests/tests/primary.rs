@@ -2,12 +2,12 @@
 //! Covers SYSTEM.md invariants 1 (slug uniqueness), 2 (idempotency), 3 (404/410 semantics),
 //! 4 (state machine) and 9 (bad input), plus the cache layers and memcached failure.
 
-use primary::clock::{Clock, ManualClock};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_clients::clock::{Clock, ManualClock};
 use zlink_e2e::*;
 use zlink_wire::events::LinkEventKind;
 
@@ -764,11 +764,11 @@ async fn migrate_upgrades_a_keyspace_an_older_release_made() {
         session.query_unpaged(stmt, &[]).await.unwrap();
     }
     for _ in 0..2 {
-        primary::store::migrate(&infra.store_config(&ks), 1)
+        zlink_store::db::migrate(&infra.store_config(&ks), 1)
             .await
             .expect("migrate an old keyspace");
     }
-    let store = primary::store::Store::connect(&infra.store_config(&ks))
+    let store = zlink_store::db::Store::connect(&infra.store_config(&ks))
         .await
         .unwrap();
     let old = store.get_link("old-link").await.unwrap().unwrap();
@@ -779,7 +779,7 @@ async fn migrate_upgrades_a_keyspace_an_older_release_made() {
             zlink_wire::LinkStatus::Active,
             1,
             zlink_wire::LinkStatus::Disabled,
-            Some(&primary::store::DisabledBy {
+            Some(&zlink_store::db::DisabledBy {
                 admin: true,
                 key_id: "00000000000000ab".into(),
             }),

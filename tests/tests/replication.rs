@@ -1,11 +1,11 @@
 //! Every mapping reaches S3 (SYSTEM.md invariant 5), against the real Kafka, S3 and Cassandra:
 //! link events through the outbox and Kafka, the replicator, reconcile, crashes and outages.
 
-use primary::clock::{Clock, ManualClock};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_clients::clock::{Clock, ManualClock};
 use zlink_e2e::*;
 use zlink_wire::blob::{self, Blob};
 

@@ -9,8 +9,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use primary::clock::{Clock, SystemClock};
-use primary::store::Store;
 use prost::Message as _;
 use rdkafka::message::Message;
 use reqwest::StatusCode;
@@ -18,8 +16,10 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use zlink_clients::clock::{Clock, SystemClock};
 use zlink_clients::trace;
 use zlink_e2e::*;
+use zlink_store::db::Store;
 
 /// One exported span, flattened.
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@
 //! writer (a consumer that lost its partition but does not know yet) makes the condition fail,
 //! after which the batch is recomputed from a fresh read.
 
-use crate::store::{self, Store, StoreError};
+use crate::db::{self as store, Store, StoreError};
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;

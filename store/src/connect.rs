@@ -1,10 +1,8 @@
-//! Process plumbing shared by the zlink binaries: logging, signals, waiting for the store.
+//! Waiting for the store at start-up: it may still be starting when a service is.
 
 use crate::config::StoreConfig;
-use crate::store::{Store, StoreError};
+use crate::db::{Store, StoreError};
 use std::time::{Duration, Instant};
-
-pub use zlink_clients::process::{init_tracing, shutdown_on_signals};
 
 /// Retries `op` every 500 ms while it fails, for at most `within` (the store may be starting).
 pub async fn retry_for<T, F, Fut>(what: &str, within: Duration, mut op: F) -> Result<T, StoreError>
