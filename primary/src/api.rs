@@ -11,7 +11,8 @@ use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use zlink_store::db::{DisabledBy, Link, OutboxRow};
+use zlink_store::outbox::OutboxRow;
+use zlink_store::{DisabledBy, Link};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
 
@@ -203,6 +204,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
             ]);
             if let Some((won_slug, won_fp)) = state
                 .store
+                .links
                 .claim_idempotency(&principal.owner, key, &slug, &fingerprint, now)
                 .await?
             {
@@ -236,13 +238,14 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     if state.events.uses_outbox() {
         state
             .store
-            .outbox_add(&OutboxRow::new(&new.slug, now, new.version))
+            .outbox
+            .add(&OutboxRow::new(&new.slug, now, new.version))
             .await?;
     }
     if let Some(exp) = new.expires_at_ms {
-        state.store.expiry_add(&new.slug, exp).await?;
+        state.store.expiries.add(&new.slug, exp).await?;
     }
-    if state.store.insert_link_if_absent(&new).await? {
+    if state.store.links.insert_if_absent(&new).await? {
         state.cache.forget_local(&new.slug).await;
         state
             .events
@@ -256,7 +259,8 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     // The slug exists: either an earlier attempt of this same idempotent request, or taken.
     let existing = state
         .store
-        .get_link_serial(&new.slug)
+        .links
+        .get_serial(&new.slug)
         .await?
         .ok_or_else(|| ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug)))?;
     if idem.is_some() && existing.idem == idem {
@@ -297,9 +301,9 @@ pub(crate) async fn load_managed(
         return Err(ApiError::NotFound);
     }
     let link = if serial {
-        state.store.get_link_serial(slug).await?
+        state.store.links.get_serial(slug).await?
     } else {
-        state.store.get_link(slug).await?
+        state.store.links.get(slug).await?
     };
     let link = link.ok_or(ApiError::NotFound)?;
     if !principal.may_manage(&link.owner) {
@@ -363,10 +367,11 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
     });
     if state.events.uses_outbox() {
         let row = OutboxRow::new(&link.slug, now, link.version + 1);
-        state.store.outbox_add(&row).await?;
+        state.store.outbox.add(&row).await?;
     }
     if !state
         .store
+        .links
         .transition(
             &link.slug,
             link.status,

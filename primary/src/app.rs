@@ -10,6 +10,7 @@ use crate::ids::IdAllocator;
 use crate::limits::{retry_after_secs, Limiter, Limits};
 use crate::memcache::Memcache;
 use crate::metrics::Metrics;
+use crate::store::Store;
 use http::{HeaderValue, Request};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -17,7 +18,6 @@ use std::time::Duration;
 use zlink_clients::breaker::Breaker;
 use zlink_clients::clock::Clock;
 use zlink_store::clicks::ClickStore;
-use zlink_store::db::Store;
 use zlink_wire::slug::SlugCodec;
 
 /// Request-time settings derived from the validated config.

@@ -6,12 +6,12 @@
 //! not become a flood of store reads (unknown tokens are also limited per client address).
 
 use crate::error::ApiError;
+use crate::store::Store;
 use moka::future::Cache;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
-use zlink_store::db::Store;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -108,13 +108,11 @@ impl Authenticator {
         let found = self
             .cache
             .try_get_with(hash.clone(), async move {
-                let rec = store.get_api_key(&hash).await?;
-                Ok::<_, zlink_store::db::StoreError>(rec.filter(|r| !r.revoked).map(|r| {
-                    Principal {
-                        key_id: r.key_id,
-                        owner: r.owner,
-                        admin: r.admin,
-                    }
+                let rec = store.keys.get(&hash).await?;
+                Ok::<_, zlink_store::StoreError>(rec.filter(|r| !r.revoked).map(|r| Principal {
+                    key_id: r.key_id,
+                    owner: r.owner,
+                    admin: r.admin,
                 }))
             })
             .await

@@ -8,6 +8,7 @@
 
 use crate::memcache::Memcache;
 use crate::metrics::Metrics;
+use crate::store::Store;
 use moka::future::Cache;
 use moka::Expiry;
 use serde::{Deserialize, Serialize};
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zlink_clients::trace::Span;
-use zlink_store::db::{Link, Store, StoreError};
+use zlink_store::{Link, StoreError};
 use zlink_wire::LinkStatus;
 
 /// What a redirect needs to know about a link; also the memcached value (JSON).
@@ -196,7 +197,7 @@ impl RedirectCache {
         layer.store(Layer::Store as u8, Ordering::Relaxed);
         let mut span = Span::in_current("scylla.select");
         span.set("table", "links");
-        let link = self.store.get_link(slug).await.inspect_err(|e| {
+        let link = self.store.links.get(slug).await.inspect_err(|e| {
             span.fail(e);
             self.metrics
                 .store_errors

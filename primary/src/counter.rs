@@ -3,7 +3,7 @@
 //!
 //! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), group
 //! them by (link, UTC day), count every group with [`ClickStore::count`] (dedup by event id and
-//! counts in one conditional batch; see [`crate::clickstats`]), and only then store the
+//! counts in one conditional batch; see [`zlink_store::clicks`]), and only then store the
 //! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
 //! uncommitted batches, and counting them again changes nothing.
 
@@ -23,8 +23,8 @@ use zlink_clients::kafka::is_topic_name;
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
 use zlink_store::clicks::{day_of, ClickStore, Counted};
-use zlink_store::db::{Store, StoreError};
 use zlink_store::StoreConfig;
+use zlink_store::{Db, StoreError};
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -191,24 +191,24 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
 pub struct Counter {
     consumer: zlink_clients::kafka::ClosingConsumer,
     clicks: Arc<ClickStore>,
-    store: Arc<Store>,
+    db: Arc<Db>,
     cfg: CountConfig,
     pub metrics: Arc<CounterMetrics>,
 }
 
 impl Counter {
-    pub async fn new(cfg: &CountConfig, store: Arc<Store>) -> anyhow::Result<Arc<Self>> {
+    pub async fn new(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
         // Only offsets of counted batches are ever committed.
         let consumer: StreamConsumer =
             kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
                 .set("fetch.wait.max.ms", "100")
                 .create()?;
         consumer.subscribe(&[&cfg.clicks_topic])?;
-        let clicks = Arc::new(ClickStore::new(store.clone()).await?);
+        let clicks = Arc::new(ClickStore::prepare(db.clone()).await?);
         Ok(Arc::new(Counter {
             consumer: zlink_clients::kafka::ClosingConsumer::new(consumer),
             clicks,
-            store,
+            db,
             cfg: cfg.clone(),
             metrics: Arc::new(CounterMetrics::new()),
         }))
@@ -244,7 +244,7 @@ impl Counter {
     /// Every 2 s: readiness (store and Kafka answer) and the consumer lag.
     async fn probe(self: Arc<Self>, ops: Arc<Ops>, shutdown: CancellationToken) {
         loop {
-            let store_ok = self.store.ping().await.is_ok();
+            let store_ok = self.db.ping().await.is_ok();
             let this = self.clone();
             let (kafka_ok, lags) = tokio::task::spawn_blocking(move || {
                 let ok = this

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use thiserror::Error;
-use zlink_store::db::StoreError;
+use zlink_store::StoreError;
 
 #[derive(Debug, Error)]
 pub enum ApiError {

@@ -186,7 +186,7 @@ async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
 }
 
 async fn readyz(state: &AppState) -> Resp {
-    match tokio::time::timeout(Duration::from_secs(1), state.store.ping()).await {
+    match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
         Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         Ok(Err(e)) => {
             // The error text (addresses, driver internals) goes to the log, never the response.

@@ -3,12 +3,13 @@
 //! instance's block runs out (once every `block_size` creates). IDs of a block that is never
 //! used up (instance restart) are simply skipped: the space is 62^7.
 
+use crate::store::Store;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::Mutex;
-use zlink_store::db::{Store, StoreError};
+use zlink_store::StoreError;
 
 const COUNTER: &str = "auto";
 
@@ -30,7 +31,7 @@ impl IdAllocator {
     pub async fn next_id(&self) -> Result<u64, StoreError> {
         let mut cur = self.current.lock().await;
         if cur.is_empty() {
-            *cur = self.store.lease_ids(COUNTER, self.block_size).await?;
+            *cur = self.store.ids.lease(COUNTER, self.block_size).await?;
         }
         let id = cur.start;
         cur.start += 1;
@@ -72,7 +73,7 @@ impl IssuedIds {
         let mut last = self.reread.lock().await;
         if last.is_none_or(|started| started < arrived) {
             *last = Some(Instant::now());
-            let leased = self.store.ids_leased(COUNTER).await?;
+            let leased = self.store.ids.leased(COUNTER).await?;
             self.mark.fetch_max(leased, Ordering::AcqRel);
         }
         Ok(id < self.mark.load(Ordering::Acquire))

@@ -41,7 +41,8 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     let (key, key_id) = generate_key();
     state
         .store
-        .insert_api_key(&hash_key(&key), &key_id, &body.owner, body.admin, now)
+        .keys
+        .insert(&hash_key(&key), &key_id, &body.owner, body.admin, now)
         .await?;
     tracing::info!(key_id = %key_id, owner = %body.owner, admin = body.admin, by = %principal.key_id, "API key created");
     Ok(json_response(
@@ -65,7 +66,8 @@ pub async fn revoke(state: &AppState, req: Request<Incoming>, id: &str) -> Resul
     }
     let (hash, rec) = state
         .store
-        .revoke_api_key(id)
+        .keys
+        .revoke(id)
         .await?
         .ok_or(ApiError::NotFound)?;
     state.auth.forget(&hash).await;

@@ -8,6 +8,7 @@
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
+//! - [`store`]: the store repositories a serving primary uses, on one guarded session.
 //! - [`ids`]: auto-slug ID blocks leased with compare-and-set.
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
 //! - [`keys`]: `POST /api/v1/keys`, `DELETE /api/v1/keys/{id}` (admin).
@@ -39,6 +40,7 @@ pub mod policy;
 pub mod redirect;
 pub mod relay;
 pub mod stats;
+pub mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,19 +58,19 @@ pub async fn run(
     http::serve(listener, state, shutdown, grace).await
 }
 
-/// Puts the store's circuit breaker and budgets (from `cfg`) in front of `store`: what a
+/// Puts the store's circuit breaker and budgets (from `cfg`) in front of `db`: the session a
 /// serving primary (binary and tests alike) talks to.
 pub fn guard_store(
-    store: zlink_store::Store,
+    db: zlink_store::Db,
     cfg: &config::ServeConfig,
     metrics: &metrics::Metrics,
-) -> zlink_store::Store {
+) -> zlink_store::Db {
     let breaker = zlink_clients::breaker::Breaker::new(
         "store",
         cfg.store_breaker(),
         Some(metrics.breakers.clone()),
     );
-    store.with_breaker(
+    db.with_breaker(
         breaker,
         cfg.store.cql_timeout(),
         Duration::from_millis(cfg.store_read_budget_ms),
@@ -79,7 +81,7 @@ pub fn guard_store(
 /// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
 pub fn event_sink(
     cfg: &config::ServeConfig,
-    store: Arc<zlink_store::Store>,
+    store: Arc<store::Store>,
     metrics: Arc<metrics::Metrics>,
     clock: Arc<dyn zlink_clients::clock::Clock>,
     shutdown: &CancellationToken,

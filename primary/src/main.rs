@@ -17,11 +17,16 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     }
     zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = shutdown_on_signals();
-    let store = connect_store(&cfg.store, Duration::from_secs(60))
+    let db = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(primary::guard_store(store, &cfg, &metrics));
+    let db = Arc::new(primary::guard_store(db, &cfg, &metrics));
+    let store = Arc::new(
+        primary::store::Store::prepare(db)
+            .await
+            .context("preparing statements")?,
+    );
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut background = tokio::task::JoinSet::new();
     let events = primary::event_sink(
@@ -59,10 +64,10 @@ async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
         bail!("invalid configuration: {e}");
     }
     let shutdown = shutdown_on_signals();
-    let store = connect_store(&cfg.store, Duration::from_secs(60))
+    let db = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
-    let counter = Counter::new(&cfg, Arc::new(store))
+    let counter = Counter::new(&cfg, Arc::new(db))
         .await
         .context("starting the click counter")?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
@@ -85,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
             retry_for("schema migration", Duration::from_secs(60), || {
-                zlink_store::db::migrate(&cfg, replication_factor)
+                zlink_store::schema::migrate(&cfg, replication_factor)
             })
             .await
             .context("applying the schema")?;
@@ -99,20 +104,22 @@ async fn main() -> anyhow::Result<()> {
         } => {
             cfg.validate().map_err(anyhow::Error::msg)?;
             auth::validate_owner(&owner).map_err(anyhow::Error::msg)?;
-            let store = connect_store(&cfg, Duration::from_secs(30))
+            let db = connect_store(&cfg, Duration::from_secs(30))
                 .await
                 .context("connecting to the store")?;
-            let (key, key_id) = auth::generate_key();
-            store
-                .insert_api_key(
-                    &auth::hash_key(&key),
-                    &key_id,
-                    &owner,
-                    admin,
-                    SystemClock.now_ms(),
-                )
+            let keys = zlink_store::keys::Keys::prepare(Arc::new(db))
                 .await
-                .context("storing the key")?;
+                .context("preparing statements")?;
+            let (key, key_id) = auth::generate_key();
+            keys.insert(
+                &auth::hash_key(&key),
+                &key_id,
+                &owner,
+                admin,
+                SystemClock.now_ms(),
+            )
+            .await
+            .context("storing the key")?;
             tracing::info!(key_id = %key_id, owner = %owner, admin, "API key created");
             // The key itself goes to stdout only, once.
             println!("{key}");

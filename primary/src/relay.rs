@@ -18,6 +18,7 @@
 use crate::api::link_event;
 use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
+use crate::store::Store;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -26,7 +27,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clock::Clock;
 use zlink_clients::trace::{self, Span, TraceContext};
-use zlink_store::db::{expiry_bucket, Link, OutboxRow, Store, StoreError, OUTBOX_SHARDS};
+use zlink_store::outbox::{expiry_bucket, OutboxRow, OUTBOX_SHARDS};
+use zlink_store::{Link, StoreError};
 use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
 use zlink_wire::LinkStatus;
 
@@ -123,14 +125,15 @@ impl Relay {
             .await
             .map_err(|e| format!("publish: {e}"))?;
         self.store
-            .outbox_delete(row)
+            .outbox
+            .delete(row)
             .await
             .map_err(|e| format!("outbox delete: {e}"))
     }
 
     /// The sweeper's decision for one outbox row.
     async fn sweep_row(&self, row: &OutboxRow, now: i64) -> Result<(), StoreError> {
-        match self.store.get_link_serial(&row.slug).await? {
+        match self.store.links.get_serial(&row.slug).await? {
             Some(link) if link.version >= row.version => {
                 let ev = link_event(current_kind(&link), &link, now);
                 if let Err(e) = self.publish_and_clear(&ev, row).await {
@@ -139,7 +142,7 @@ impl Relay {
             }
             _ if row.at_ms < now - ABANDON_AFTER_MS => {
                 tracing::info!(slug = %row.slug, version = row.version, "outbox row for a change that never happened; dropping");
-                self.store.outbox_delete(row).await?;
+                self.store.outbox.delete(row).await?;
             }
             _ => {}
         }
@@ -153,7 +156,8 @@ impl Relay {
         for shard in 0..OUTBOX_SHARDS {
             let rows = self
                 .store
-                .outbox_scan(shard, now - SWEEP_AFTER_MS, SWEEP_BATCH)
+                .outbox
+                .scan(shard, now - SWEEP_AFTER_MS, SWEEP_BATCH)
                 .await?;
             seen += rows.len();
             oldest = rows.iter().map(|r| r.at_ms).fold(oldest, i64::min);
@@ -173,20 +177,21 @@ impl Relay {
     async fn expire_due(self: &Arc<Self>) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
         let current = expiry_bucket(now);
-        let mut bucket = self.store.cursor("expiry", current).await?;
+        let mut bucket = self.store.expiries.cursor("expiry", current).await?;
         let mut expired = 0;
         while bucket <= current {
-            for (exp, slug) in self.store.expiry_scan(bucket, now).await? {
-                let Some(link) = self.store.get_link_serial(&slug).await? else {
+            for (exp, slug) in self.store.expiries.scan(bucket, now).await? {
+                let Some(link) = self.store.links.get_serial(&slug).await? else {
                     continue;
                 };
                 if link.status != LinkStatus::Active || link.expires_at_ms != Some(exp) {
                     continue;
                 }
                 let row = OutboxRow::new(&slug, now, link.version + 1);
-                self.store.outbox_add(&row).await?;
+                self.store.outbox.add(&row).await?;
                 if self
                     .store
+                    .links
                     .transition(
                         &slug,
                         LinkStatus::Active,
@@ -206,7 +211,7 @@ impl Relay {
                 }
             }
             if bucket < current {
-                self.store.cursor_set("expiry", bucket + 1).await?;
+                self.store.expiries.set_cursor("expiry", bucket + 1).await?;
             }
             bucket += 1;
         }
@@ -233,7 +238,12 @@ impl Relay {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            match self.store.lease(LEASE, &self.holder, LEASE_TTL_S).await {
+            match self
+                .store
+                .outbox
+                .lease(LEASE, &self.holder, LEASE_TTL_S)
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => {
                     // Another instance sweeps and reports the backlog.

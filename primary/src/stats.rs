@@ -19,7 +19,11 @@ pub const RECENT_DAYS: i32 = 30;
 async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
     state
         .clicks
-        .get_or_try_init(|| async { ClickStore::new(state.store.clone()).await.map(Arc::new) })
+        .get_or_try_init(|| async {
+            ClickStore::prepare(state.store.db.clone())
+                .await
+                .map(Arc::new)
+        })
         .await
         .cloned()
         .map_err(ApiError::from)
@@ -45,7 +49,8 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
     state.admit_ip(Limit::InfoPerIp, state.client_ip(req))?;
     let link = state
         .store
-        .get_link(slug)
+        .links
+        .get(slug)
         .await?
         .ok_or(ApiError::NotFound)?;
     let now = state.clock.now_ms();

@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clock::Clock;
 use zlink_clients::trace::Span;
-use zlink_store::db::{Store, StoreError};
+use zlink_store::replicas::Replicas;
+use zlink_store::{Db, StoreError};
 use zlink_wire::blob::{Blob, GoneReason, Tombstone};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 use zlink_wire::{link, longurl, slug, LinkStatus};
@@ -93,7 +94,7 @@ pub fn desired(ev: &LinkEvent, now_ms: i64) -> Desired {
 }
 
 /// What S3 should hold for a link as stored: the same rule as for events.
-pub fn desired_for_link(l: &zlink_store::db::Link, now_ms: i64) -> Desired {
+pub fn desired_for_link(l: &zlink_store::Link, now_ms: i64) -> Desired {
     desired_state(
         l.status,
         &l.url,
@@ -159,7 +160,9 @@ impl From<StoreError> for Failure {
 
 pub struct Applier {
     pub s3: Arc<S3Store>,
-    pub store: Arc<Store>,
+    /// The store session (readiness pings it).
+    pub db: Arc<Db>,
+    pub replicas: Replicas,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
 }
@@ -226,7 +229,7 @@ impl Applier {
     ) -> Result<Outcome, ApplyError> {
         let recorded = self
             .retry(false, "read replica version", shutdown, || async {
-                Ok(self.store.replica_version(&ev.slug).await?)
+                Ok(self.replicas.version(&ev.slug).await?)
             })
             .await?;
         if ev.version <= recorded {
@@ -267,7 +270,7 @@ impl Applier {
             }
         };
         self.retry(false, "record replica version", shutdown, || async {
-            Ok(self.store.replica_version_set(&ev.slug, ev.version).await?)
+            Ok(self.replicas.set_version(&ev.slug, ev.version).await?)
         })
         .await?;
         if ev.kind == LinkEventKind::Created && outcome == Outcome::Put {

@@ -46,7 +46,7 @@ pub async fn run(
         async move {
             loop {
                 let s3_ok = applier.s3.ping().await.is_ok();
-                let store_ok = applier.store.ping().await.is_ok();
+                let store_ok = applier.db.ping().await.is_ok();
                 let p = pipeline.clone();
                 let kafka_ok = tokio::task::spawn_blocking(move || p.kafka_reachable())
                     .await

@@ -1,12 +1,13 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use zlink_clients::clock::{Clock, SystemClock};
+use zlink_store::replicas::Replicas;
 use zlink_store::StoreConfig;
 
 use replicator::apply::Applier;
 use replicator::consumer::{KafkaConfig, Pipeline};
 use replicator::metrics::Metrics;
-use replicator::reconcile::{reconcile, ReconcileArgs};
+use replicator::reconcile::{reconcile, ReconcileArgs, ReconcileStore};
 use replicator::s3::{S3Config, S3Store};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -70,13 +71,17 @@ async fn main() -> anyhow::Result<()> {
             zlink_clients::trace::init(&trace, "replicator").map_err(anyhow::Error::msg)?;
             let shutdown = zlink_clients::process::shutdown_on_signals();
             let metrics = Arc::new(Metrics::new());
+            let db = Arc::new(
+                zlink_store::connect::connect_store(&store, Duration::from_secs(60))
+                    .await
+                    .context("connecting to the store")?,
+            );
             let applier = Arc::new(Applier {
                 s3: Arc::new(S3Store::new(&s3)),
-                store: Arc::new(
-                    zlink_store::connect::connect_store(&store, Duration::from_secs(60))
-                        .await
-                        .context("connecting to the store")?,
-                ),
+                replicas: Replicas::prepare(db.clone())
+                    .await
+                    .context("preparing statements")?,
+                db,
                 metrics: metrics.clone(),
                 clock: Arc::new(SystemClock),
             });
@@ -96,10 +101,15 @@ async fn main() -> anyhow::Result<()> {
                     bail!("invalid configuration: {e}");
                 }
             }
-            let store = Arc::new(
+            let db = Arc::new(
                 zlink_store::connect::connect_store(&store, Duration::from_secs(30))
                     .await
                     .context("connecting to the store")?,
+            );
+            let store = Arc::new(
+                ReconcileStore::prepare(db)
+                    .await
+                    .context("preparing statements")?,
             );
             let s3 = Arc::new(S3Store::new(&s3));
             let report = reconcile(store, s3, &args, SystemClock.now_ms(), |line| {

@@ -11,7 +11,9 @@ use crate::apply::{desired_for_link, Desired};
 use crate::s3::{KeyKind, S3Error, S3Store};
 use std::sync::Arc;
 use tokio::sync::Semaphore;
-use zlink_store::db::{ScanPage, Store, StoreError};
+use zlink_store::links::ScanPage;
+use zlink_store::replicas::Replicas;
+use zlink_store::{Db, Links, StoreError};
 use zlink_wire::blob::{self, Blob};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -74,8 +76,24 @@ fn matches(obj: &crate::s3::StoredObject, want: &Blob) -> bool {
         && m.expires_at_ms == want.expires_at_ms && m.url.as_deref().is_none_or(|u| u == want.url))
 }
 
+/// What reconcile reads and writes in the store: links (scanned, re-read serially) and the
+/// replica versions it repairs.
+pub struct ReconcileStore {
+    pub links: Links,
+    pub replicas: Replicas,
+}
+
+impl ReconcileStore {
+    pub async fn prepare(db: Arc<Db>) -> Result<Self, StoreError> {
+        Ok(ReconcileStore {
+            links: Links::prepare(db.clone()).await?,
+            replicas: Replicas::prepare(db).await?,
+        })
+    }
+}
+
 struct Ctx {
-    store: Arc<Store>,
+    store: Arc<ReconcileStore>,
     s3: Arc<S3Store>,
     dry_run: bool,
     now_ms: i64,
@@ -88,7 +106,7 @@ enum Checked {
     Changed,
 }
 
-async fn check_link(ctx: &Ctx, link: zlink_store::db::Link) -> Result<Checked, ReconcileError> {
+async fn check_link(ctx: &Ctx, link: zlink_store::Link) -> Result<Checked, ReconcileError> {
     let want = desired_for_link(&link, ctx.now_ms);
     let have = ctx.s3.get(&link.slug).await?;
     let (drift, what) = match (&want, &have) {
@@ -106,7 +124,7 @@ async fn check_link(ctx: &Ctx, link: zlink_store::db::Link) -> Result<Checked, R
     if ctx.dry_run {
         return Ok(Checked::Drift(drift, detail));
     }
-    let fresh = ctx.store.get_link_serial(&link.slug).await?;
+    let fresh = ctx.store.links.get_serial(&link.slug).await?;
     if fresh.as_ref() != Some(&link) {
         return Ok(Checked::Changed);
     }
@@ -118,7 +136,8 @@ async fn check_link(ctx: &Ctx, link: zlink_store::db::Link) -> Result<Checked, R
         }
     }
     ctx.store
-        .replica_version_set(&link.slug, link.version)
+        .replicas
+        .set_version(&link.slug, link.version)
         .await?;
     Ok(Checked::Repaired(drift, detail))
 }
@@ -141,7 +160,7 @@ fn count(report: &mut Report, d: Drift) {
 
 /// Runs both phases; drift lines go to `emit` as they are found.
 pub async fn reconcile(
-    store: Arc<Store>,
+    store: Arc<ReconcileStore>,
     s3: Arc<S3Store>,
     args: &ReconcileArgs,
     now_ms: i64,
@@ -168,7 +187,7 @@ pub async fn reconcile(
         };
         let mut page = ScanPage::start();
         loop {
-            let (links, next) = ctx.store.scan_links(from, to, page).await?;
+            let (links, next) = ctx.store.links.scan(from, to, page).await?;
             let mut checks = tokio::task::JoinSet::new();
             for link in links {
                 report.links += 1;
@@ -216,8 +235,8 @@ pub async fn reconcile(
             // link that must not redirect.
             let known =
                 match ctx.s3.kind_of(&key) {
-                    KeyKind::Blob(slug) => ctx.store.get_link(slug).await?.is_some(),
-                    KeyKind::Tombstone(slug) => ctx.store.get_link(slug).await?.is_some_and(|l| {
+                    KeyKind::Blob(slug) => ctx.store.links.get(slug).await?.is_some(),
+                    KeyKind::Tombstone(slug) => ctx.store.links.get(slug).await?.is_some_and(|l| {
                         matches!(desired_for_link(&l, now_ms), Desired::Tombstone(_))
                     }),
                     KeyKind::Other => false,

@@ -11,7 +11,7 @@
 //! writer (a consumer that lost its partition but does not know yet) makes the condition fail,
 //! after which the batch is recomputed from a fresh read.
 
-use crate::db::{self as store, Store, StoreError};
+use crate::db::{self as store, Db, StoreError};
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
@@ -236,7 +236,7 @@ pub struct Counted {
 }
 
 pub struct ClickStore {
-    store: Arc<Store>,
+    db: Arc<Db>,
     read_day: PreparedStatement,
     seen: PreparedStatement,
     bump: PreparedStatement,
@@ -249,8 +249,8 @@ pub struct ClickStore {
 type Values = Vec<Option<CqlValue>>;
 
 impl ClickStore {
-    pub async fn new(store: Arc<Store>) -> Result<Self, StoreError> {
-        let session = store.session();
+    pub async fn prepare(db: Arc<Db>) -> Result<Self, StoreError> {
+        let session = db.session();
         let prep = |q: &'static str, idempotent: bool| async move {
             let mut p = session.prepare(q).await.map_err(store::unavailable)?;
             p.set_is_idempotent(idempotent);
@@ -285,14 +285,14 @@ impl ClickStore {
             .await?,
             add_day: prep("INSERT INTO click_days (slug, day) VALUES (?, ?)", true).await?,
             list_days: prep("SELECT day FROM click_days WHERE slug = ?", true).await?,
-            store,
+            db,
         })
     }
 
     /// The count rows and version of one (link, day).
     pub async fn day_counts(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
         let res = self
-            .store
+            .db
             .session()
             .execute_unpaged(&self.read_day, (slug, day))
             .await
@@ -311,7 +311,7 @@ impl ClickStore {
     async fn seen(&self, slug: &str, day: i32, ids: &[Uuid]) -> Result<HashSet<Uuid>, StoreError> {
         let keys: Vec<String> = ids.iter().map(Uuid::to_string).collect();
         let res = self
-            .store
+            .db
             .session()
             .execute_unpaged(&self.seen, (slug, day, keys))
             .await
@@ -340,7 +340,7 @@ impl ClickStore {
         }
         // Before any count: a reader may see a day without counts (zero), never counts it
         // cannot find.
-        self.store
+        self.db
             .session()
             .execute_unpaged(&self.add_day, (slug, day))
             .await
@@ -372,7 +372,7 @@ impl ClickStore {
                 let changed = state.add(&fresh);
                 let (batch, values) = self.batch(slug, day, &state, changed, &fresh, dedup_ttl_s);
                 let res = self
-                    .store
+                    .db
                     .session()
                     .batch(&batch, values)
                     .await
@@ -441,7 +441,7 @@ impl ClickStore {
     /// Every day's counts of `slug`, summed (the days are read 16 at a time).
     pub async fn link_stats(self: &Arc<Self>, slug: &str) -> Result<LinkStats, StoreError> {
         let res = self
-            .store
+            .db
             .session()
             .execute_unpaged(&self.list_days, (slug,))
             .await

@@ -1,7 +1,7 @@
 //! Waiting for the store at start-up: it may still be starting when a service is.
 
 use crate::config::StoreConfig;
-use crate::db::{Store, StoreError};
+use crate::db::{Db, StoreError};
 use std::time::{Duration, Instant};
 
 /// Retries `op` every 500 ms while it fails, for at most `within` (the store may be starting).
@@ -24,6 +24,6 @@ where
 }
 
 /// Connects to the store, retrying for at most `within`.
-pub async fn connect_store(cfg: &StoreConfig, within: Duration) -> Result<Store, StoreError> {
-    retry_for("connecting to the store", within, || Store::connect(cfg)).await
+pub async fn connect_store(cfg: &StoreConfig, within: Duration) -> Result<Db, StoreError> {
+    retry_for("connecting to the store", within, || Db::connect(cfg)).await
 }

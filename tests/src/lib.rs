@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clock::{Clock, SystemClock};
-use zlink_store::db::{self as store, Store};
+use zlink_store::Db;
 use zlink_store::StoreConfig;
 use zlink_wire::events::{ClickEvent, LinkEvent};
 
@@ -61,7 +61,7 @@ impl Infra {
 /// A keyspace that no other test uses, with the schema applied.
 pub async fn fresh_keyspace(infra: &Infra) -> String {
     let ks = format!("t_{}", uuid::Uuid::new_v4().simple());
-    store::migrate(&infra.store_config(&ks), 1)
+    zlink_store::schema::migrate(&infra.store_config(&ks), 1)
         .await
         .expect("schema applied");
     ks
@@ -161,8 +161,13 @@ pub async fn spawn_primary(
     };
     cfg.validate().expect("valid config");
     let metrics = Arc::new(Metrics::new());
-    let store = Store::connect(&cfg.store).await.expect("store reachable");
-    let store = Arc::new(primary::guard_store(store, &cfg, &metrics));
+    let db = Db::connect(&cfg.store).await.expect("store reachable");
+    let db = Arc::new(primary::guard_store(db, &cfg, &metrics));
+    let store = Arc::new(
+        primary::store::Store::prepare(db)
+            .await
+            .expect("statements"),
+    );
     let recording = Arc::new(RecordingSink::default());
     let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
     let shutdown = CancellationToken::new();
@@ -326,13 +331,17 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
     let n = names(keyspace);
     let metrics = Arc::new(replicator::metrics::Metrics::new());
     let s3 = Arc::new(replicator::s3::S3Store::new(&infra.s3_config(&n.s3_prefix)));
+    let db = Arc::new(
+        Db::connect(&infra.store_config(keyspace))
+            .await
+            .expect("store"),
+    );
     let applier = Arc::new(replicator::apply::Applier {
         s3: s3.clone(),
-        store: Arc::new(
-            Store::connect(&infra.store_config(keyspace))
-                .await
-                .expect("store"),
-        ),
+        replicas: zlink_store::replicas::Replicas::prepare(db.clone())
+            .await
+            .expect("statements"),
+        db,
         metrics: metrics.clone(),
         clock: Arc::new(SystemClock),
     });
@@ -776,7 +785,8 @@ pub async fn create_key(state: &AppState, owner: &str, admin: bool) -> String {
     let (key, key_id) = primary::auth::generate_key();
     state
         .store
-        .insert_api_key(
+        .keys
+        .insert(
             &primary::auth::hash_key(&key),
             &key_id,
             owner,

@@ -12,7 +12,6 @@ use std::time::Duration;
 use uuid::Uuid;
 use zlink_e2e::*;
 use zlink_store::clicks::{day_of, referrer_host, tier_name, ClickStore, LinkStats, DAY_MS};
-use zlink_store::db::Store;
 use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
 
 const SLUGS: usize = 10;
@@ -100,8 +99,12 @@ async fn produce(brokers: &str, topic: &str, events: &[ClickEvent]) {
 }
 
 async fn click_store(infra: &Infra, ks: &str) -> Arc<ClickStore> {
-    let store = Arc::new(Store::connect(&infra.store_config(ks)).await.unwrap());
-    Arc::new(ClickStore::new(store).await.unwrap())
+    let db = Arc::new(
+        zlink_store::Db::connect(&infra.store_config(ks))
+            .await
+            .unwrap(),
+    );
+    Arc::new(ClickStore::prepare(db).await.unwrap())
 }
 
 async fn stats_of(cs: &Arc<ClickStore>, slugs: &[String]) -> BTreeMap<String, LinkStats> {

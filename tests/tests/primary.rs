@@ -764,42 +764,40 @@ async fn migrate_upgrades_a_keyspace_an_older_release_made() {
         session.query_unpaged(stmt, &[]).await.unwrap();
     }
     for _ in 0..2 {
-        zlink_store::db::migrate(&infra.store_config(&ks), 1)
+        zlink_store::schema::migrate(&infra.store_config(&ks), 1)
             .await
             .expect("migrate an old keyspace");
     }
-    let store = zlink_store::db::Store::connect(&infra.store_config(&ks))
+    let db = zlink_store::Db::connect(&infra.store_config(&ks))
         .await
         .unwrap();
-    let old = store.get_link("old-link").await.unwrap().unwrap();
+    let store = primary::store::Store::prepare(std::sync::Arc::new(db))
+        .await
+        .unwrap();
+    let old = store.links.get("old-link").await.unwrap().unwrap();
     assert_eq!(old.disabled_by, None, "old rows read with the new column");
     assert!(store
+        .links
         .transition(
             "old-link",
             zlink_wire::LinkStatus::Active,
             1,
             zlink_wire::LinkStatus::Disabled,
-            Some(&zlink_store::db::DisabledBy {
+            Some(&zlink_store::DisabledBy {
                 admin: true,
                 key_id: "00000000000000ab".into(),
             }),
         )
         .await
         .unwrap());
-    let now = store.get_link("old-link").await.unwrap().unwrap();
+    let now = store.links.get("old-link").await.unwrap().unwrap();
     assert_eq!(now.disabled_by.map(|d| d.admin), Some(true));
     let (hash, rec) = store
-        .revoke_api_key("00000000000000aa")
+        .keys
+        .revoke("00000000000000aa")
         .await
         .unwrap()
         .expect("the old key is found by its id");
     assert_eq!((hash.as_str(), rec.owner.as_str()), ("old-hash", "old"));
-    assert!(
-        store
-            .get_api_key("old-hash")
-            .await
-            .unwrap()
-            .unwrap()
-            .revoked
-    );
+    assert!(store.keys.get("old-hash").await.unwrap().unwrap().revoked);
 }

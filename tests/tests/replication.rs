@@ -190,7 +190,7 @@ async fn expired_link_is_moved_to_expired_and_its_blob_deleted() {
         eventually(Duration::from_secs(10), || {
             let s = store.clone();
             async move {
-                s.get_link("soon-gone").await.unwrap().unwrap().status
+                s.links.get("soon-gone").await.unwrap().unwrap().status
                     == zlink_wire::LinkStatus::Expired
             }
         })
@@ -271,7 +271,7 @@ async fn unapplicable_event_goes_to_the_dead_letter_topic_and_the_pipeline_keeps
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
-    use replicator::reconcile::{reconcile, ReconcileArgs};
+    use replicator::reconcile::{reconcile, ReconcileArgs, ReconcileStore};
     let Setup { infra, ks, n } = setup().await;
     let p = spawn_primary(&infra, &ks, &kafka_flags(&infra.kafka, &n), None).await;
     let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
@@ -297,7 +297,11 @@ async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
     }
     let s3 = r.s3.clone();
     r.stop().await; // nothing repairs behind reconcile's back from here on
-    let store = p.state.store.clone();
+    let store = Arc::new(
+        ReconcileStore::prepare(p.state.store.db.clone())
+            .await
+            .unwrap(),
+    );
     let args = |dry_run| ReconcileArgs {
         dry_run,
         splits: 8,
@@ -340,6 +344,7 @@ async fn reconcile_reports_and_repairs_missing_tampered_and_orphaned_objects() {
     };
     p.state
         .store
+        .links
         .transition(
             "rec-disabled",
             zlink_wire::LinkStatus::Active,

@@ -19,7 +19,6 @@ use std::time::Duration;
 use zlink_clients::clock::{Clock, SystemClock};
 use zlink_clients::trace;
 use zlink_e2e::*;
-use zlink_store::db::Store;
 
 /// One exported span, flattened.
 #[derive(Debug, Clone)]
@@ -199,18 +198,22 @@ async fn one_trace_from_request_to_kafka_to_s3_and_from_redirect_to_replayed_cli
     let otlp = Collector::start().await;
     let logs = TempDir::new("trace-logs");
     let key = {
-        let store = Store::connect(&infra.store_config(&ks)).await.unwrap();
-        let (key, key_id) = primary::auth::generate_key();
-        store
-            .insert_api_key(
-                &primary::auth::hash_key(&key),
-                &key_id,
-                "tracer",
-                false,
-                SystemClock.now_ms(),
-            )
+        let db = zlink_store::Db::connect(&infra.store_config(&ks))
             .await
             .unwrap();
+        let keys = zlink_store::keys::Keys::prepare(Arc::new(db))
+            .await
+            .unwrap();
+        let (key, key_id) = primary::auth::generate_key();
+        keys.insert(
+            &primary::auth::hash_key(&key),
+            &key_id,
+            "tracer",
+            false,
+            SystemClock.now_ms(),
+        )
+        .await
+        .unwrap();
         key
     };
     // Only traces the caller sampled are exported (ratio 0), so every span below is ours.

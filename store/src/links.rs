@@ -1,0 +1,274 @@
+//! The `links` table (one row per slug: destination, owner, status, version) and the
+//! `idempotency` claims that make a retried create return the link it made.
+
+use crate::db::{all, applied, first, unavailable, Db, StoreError};
+use scylla::statement::prepared::PreparedStatement;
+use scylla::value::CqlTimestamp;
+use scylla::DeserializeRow;
+use std::sync::Arc;
+use zlink_wire::LinkStatus;
+
+const LINK_COLUMNS: &str =
+    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem, disabled_by";
+
+/// One link as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub slug: String,
+    pub url: String,
+    pub owner: String,
+    pub status: LinkStatus,
+    pub redirect_code: u16,
+    pub created_at_ms: i64,
+    pub expires_at_ms: Option<i64>,
+    pub version: i64,
+    /// Hash of (owner, Idempotency-Key) of the request that created the link.
+    pub idem: Option<String>,
+    /// Who disabled the link (see [`DisabledBy`]); `None` while it is active.
+    pub disabled_by: Option<DisabledBy>,
+}
+
+/// Who disabled a link. An admin's disable is a takedown: only an admin can undo it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisabledBy {
+    pub admin: bool,
+    pub key_id: String,
+}
+
+impl DisabledBy {
+    /// Stored as `admin:<key id>` or `owner:<key id>`.
+    pub fn to_column(&self) -> String {
+        let role = if self.admin { "admin" } else { "owner" };
+        format!("{role}:{}", self.key_id)
+    }
+
+    pub fn from_column(s: &str) -> Option<Self> {
+        let (role, key_id) = s.split_once(':')?;
+        let admin = match role {
+            "admin" => true,
+            "owner" => false,
+            _ => return None,
+        };
+        Some(DisabledBy {
+            admin,
+            key_id: key_id.to_string(),
+        })
+    }
+}
+
+#[derive(DeserializeRow)]
+struct LinkRow {
+    slug: String,
+    url: String,
+    owner: String,
+    status: String,
+    redirect_code: i32,
+    created_at: CqlTimestamp,
+    expires_at: Option<CqlTimestamp>,
+    version: i64,
+    idem: Option<String>,
+    disabled_by: Option<String>,
+}
+
+impl TryFrom<LinkRow> for Link {
+    type Error = StoreError;
+    fn try_from(r: LinkRow) -> Result<Self, StoreError> {
+        let status = r.status.parse().map_err(|_| {
+            StoreError::Corrupt(format!("link {:?} has status {:?}", r.slug, r.status))
+        })?;
+        let redirect_code = u16::try_from(r.redirect_code)
+            .ok()
+            .filter(|c| zlink_wire::link::is_redirect_code(*c))
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "link {:?} has redirect code {}",
+                    r.slug, r.redirect_code
+                ))
+            })?;
+        let disabled_by = match r.disabled_by.as_deref() {
+            None | Some("") => None,
+            Some(d) => Some(DisabledBy::from_column(d).ok_or_else(|| {
+                StoreError::Corrupt(format!("link {:?} has disabled_by {d:?}", r.slug))
+            })?),
+        };
+        Ok(Link {
+            slug: r.slug,
+            url: r.url,
+            owner: r.owner,
+            status,
+            redirect_code,
+            created_at_ms: r.created_at.0,
+            expires_at_ms: r.expires_at.map(|t| t.0),
+            version: r.version,
+            idem: r.idem,
+            disabled_by,
+        })
+    }
+}
+
+/// A position in a token-range scan of `links`.
+pub type ScanPage = scylla::response::PagingState;
+
+pub struct Links {
+    db: Arc<Db>,
+    get: PreparedStatement,
+    get_serial: PreparedStatement,
+    insert: PreparedStatement,
+    update_status: PreparedStatement,
+    claim_idem: PreparedStatement,
+    get_idem_serial: PreparedStatement,
+    scan: PreparedStatement,
+}
+
+impl Links {
+    pub async fn prepare(db: Arc<Db>) -> Result<Self, StoreError> {
+        let select = format!("SELECT {LINK_COLUMNS} FROM links WHERE slug = ?");
+        let mut scan = db
+            .prepare(
+                format!(
+                    "SELECT {LINK_COLUMNS} FROM links WHERE token(slug) >= ? AND token(slug) <= ?"
+                ),
+                true,
+                false,
+            )
+            .await?;
+        scan.set_page_size(500);
+        Ok(Links {
+            get: db.prepare(select.clone(), true, false).await?,
+            get_serial: db.prepare(select, true, true).await?,
+            insert: db
+                .prepare(
+                    format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
+                    false,
+                    false,
+                )
+                .await?,
+            update_status: db
+                .prepare(
+                    "UPDATE links SET status = ?, version = ?, disabled_by = ? \
+                     WHERE slug = ? IF status = ? AND version = ?",
+                    false,
+                    false,
+                )
+                .await?,
+            claim_idem: db
+                .prepare(
+                    "INSERT INTO idempotency (owner, idem_key, slug, fingerprint, created_at) \
+                     VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
+                    false,
+                    false,
+                )
+                .await?,
+            get_idem_serial: db
+                .prepare(
+                    "SELECT slug, fingerprint FROM idempotency WHERE owner = ? AND idem_key = ?",
+                    true,
+                    true,
+                )
+                .await?,
+            scan,
+            db,
+        })
+    }
+
+    fn link_of(row: Option<LinkRow>) -> Result<Option<Link>, StoreError> {
+        row.map(Link::try_from).transpose()
+    }
+
+    /// The redirect's read: within the read budget when the store is guarded.
+    pub async fn get(&self, slug: &str) -> Result<Option<Link>, StoreError> {
+        Self::link_of(first(self.db.read(&self.get, (slug,)).await?)?)
+    }
+
+    /// A linearizable read: sees the outcome of every LWT that completed before it.
+    pub async fn get_serial(&self, slug: &str) -> Result<Option<Link>, StoreError> {
+        Self::link_of(first(self.db.exec(&self.get_serial, (slug,)).await?)?)
+    }
+
+    /// Claims `link.slug`. Returns false if any link already has that slug.
+    pub async fn insert_if_absent(&self, link: &Link) -> Result<bool, StoreError> {
+        let values = (
+            &link.slug,
+            &link.url,
+            &link.owner,
+            link.status.as_str(),
+            i32::from(link.redirect_code),
+            CqlTimestamp(link.created_at_ms),
+            link.expires_at_ms.map(CqlTimestamp),
+            link.version,
+            &link.idem,
+            link.disabled_by.as_ref().map(DisabledBy::to_column),
+        );
+        applied(self.db.exec(&self.insert, values).await?)
+    }
+
+    /// Moves a link from (`from`, `version`) to (`to`, `version + 1`), recording who disabled
+    /// it (`None` clears it). False if the link was not in exactly that state (changed
+    /// concurrently, or never was).
+    pub async fn transition(
+        &self,
+        slug: &str,
+        from: LinkStatus,
+        version: i64,
+        to: LinkStatus,
+        disabled_by: Option<&DisabledBy>,
+    ) -> Result<bool, StoreError> {
+        let values = (
+            to.as_str(),
+            version + 1,
+            disabled_by.map(DisabledBy::to_column),
+            slug,
+            from.as_str(),
+            version,
+        );
+        applied(self.db.exec(&self.update_status, values).await?)
+    }
+
+    /// Claims an idempotency key for `slug`. On a lost claim returns the winner's (slug, fingerprint).
+    pub async fn claim_idempotency(
+        &self,
+        owner: &str,
+        key: &str,
+        slug: &str,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let values = (owner, key, slug, fingerprint, CqlTimestamp(now_ms));
+        if applied(self.db.exec(&self.claim_idem, values).await?)? {
+            return Ok(None);
+        }
+        let res = self.db.exec(&self.get_idem_serial, (owner, key)).await?;
+        match first::<(String, String)>(res)? {
+            Some(winner) => Ok(Some(winner)),
+            // Lost the claim but the row is gone: it expired in between. Extremely unlikely.
+            None => Err(StoreError::Contention(
+                "idempotency key expired while being claimed",
+            )),
+        }
+    }
+
+    /// One page (≤ 500 links) of the links whose partition token lies in `[from, to]`, and the
+    /// position of the next page if there is one. Memory stays bounded by the page size.
+    pub async fn scan(
+        &self,
+        from: i64,
+        to: i64,
+        page: ScanPage,
+    ) -> Result<(Vec<Link>, Option<ScanPage>), StoreError> {
+        let (res, next) = self
+            .db
+            .session()
+            .execute_single_page(&self.scan, (from, to), page)
+            .await
+            .map_err(unavailable)?;
+        let links = all::<LinkRow>(res)?
+            .into_iter()
+            .map(Link::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = match next.into_paging_control_flow() {
+            std::ops::ControlFlow::Continue(p) => Some(p),
+            std::ops::ControlFlow::Break(()) => None,
+        };
+        Ok((links, next))
+    }
+}
