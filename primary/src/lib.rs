@@ -47,20 +47,77 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Serves on an already-bound listener until `shutdown` is cancelled, then drains in-flight
-/// requests for at most `grace`. Tests call this with port 0 listeners.
-pub async fn run(
-    listener: TcpListener,
-    state: Arc<app::AppState>,
+/// The composition root of `primary serve`: everything the binary runs, wired once. `main`
+/// and the tests build it the same way ([`App::build`]), so the tests run the production
+/// wiring.
+pub struct App {
+    pub state: Arc<app::AppState>,
+    /// The relay (sweeper, expiry scheduler) when link events go to Kafka.
+    background: tokio::task::JoinSet<()>,
     shutdown: CancellationToken,
     grace: Duration,
-) {
-    http::serve(listener, state, shutdown, grace).await
+}
+
+impl App {
+    /// From a validated config and a connected session: the store's breaker and budgets,
+    /// the repositories, the event sink (outbox relay and click spool with `--kafka`; without
+    /// it `no_kafka_sink`, by default a log-only sink), the request state. `shutdown` stops
+    /// the server and the relay.
+    pub async fn build(
+        cfg: &config::ServeConfig,
+        db: zlink_store::Db,
+        clock: Arc<dyn zlink_clients::clock::Clock>,
+        no_kafka_sink: Option<Arc<dyn events::EventSink>>,
+        shutdown: CancellationToken,
+    ) -> Result<App, String> {
+        let metrics = Arc::new(metrics::Metrics::new());
+        let db = Arc::new(guard_store(db, cfg, &metrics));
+        let store = Arc::new(
+            store::Store::prepare(db)
+                .await
+                .map_err(|e| format!("preparing statements: {e}"))?,
+        );
+        let mut background = tokio::task::JoinSet::new();
+        let events = match (cfg.kafka_brokers(), no_kafka_sink) {
+            (None, Some(sink)) => sink,
+            _ => event_sink(
+                cfg,
+                store.clone(),
+                metrics.clone(),
+                clock.clone(),
+                &shutdown,
+                &mut background,
+            )?,
+        };
+        let state = app::AppState::new(cfg, store, events, metrics, clock)?;
+        Ok(App {
+            state,
+            background,
+            shutdown,
+            grace: Duration::from_secs(cfg.shutdown_grace_s),
+        })
+    }
+
+    /// Serves on an already-bound listener until `shutdown` is cancelled, drains in-flight
+    /// requests for at most the grace period, then closes the event sink (fsyncs the click
+    /// spool and ships what Kafka takes in a few seconds) and waits for the relay to finish
+    /// its pass and flush its producer.
+    pub async fn run(mut self, listener: TcpListener) {
+        http::serve(
+            listener,
+            self.state.clone(),
+            self.shutdown.clone(),
+            self.grace,
+        )
+        .await;
+        self.state.events.close().await;
+        while self.background.join_next().await.is_some() {}
+    }
 }
 
 /// Puts the store's circuit breaker and budgets (from `cfg`) in front of `db`: the session a
-/// serving primary (binary and tests alike) talks to.
-pub fn guard_store(
+/// serving primary talks to.
+fn guard_store(
     db: zlink_store::Db,
     cfg: &config::ServeConfig,
     metrics: &metrics::Metrics,
@@ -79,7 +136,7 @@ pub fn guard_store(
 
 /// Chooses where link events go: through the outbox relay to Kafka when `--kafka` is set
 /// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
-pub fn event_sink(
+fn event_sink(
     cfg: &config::ServeConfig,
     store: Arc<store::Store>,
     metrics: Arc<metrics::Metrics>,

@@ -1,10 +1,8 @@
 use anyhow::{bail, Context};
 use clap::Parser;
-use primary::app::AppState;
 use primary::config::{Cli, Command, ServeConfig};
 use primary::counter::{CountConfig, Counter};
-use primary::metrics::Metrics;
-use primary::{auth, run};
+use primary::{auth, App};
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::clock::{Clock, SystemClock};
@@ -20,40 +18,14 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let db = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
-    let metrics = Arc::new(Metrics::new());
-    let db = Arc::new(primary::guard_store(db, &cfg, &metrics));
-    let store = Arc::new(
-        primary::store::Store::prepare(db)
-            .await
-            .context("preparing statements")?,
-    );
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut background = tokio::task::JoinSet::new();
-    let events = primary::event_sink(
-        &cfg,
-        store.clone(),
-        metrics.clone(),
-        clock.clone(),
-        &shutdown,
-        &mut background,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let state = AppState::new(&cfg, store, events, metrics, clock).map_err(anyhow::Error::msg)?;
+    let app = App::build(&cfg, db, Arc::new(SystemClock), None, shutdown)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, keyspace = %cfg.store.keyspace, "primary serving");
-    run(
-        listener,
-        state.clone(),
-        shutdown,
-        Duration::from_secs(cfg.shutdown_grace_s),
-    )
-    .await;
-    // Requests drained: fsync the click spool and ship what Kafka will take in a few seconds.
-    state.events.close().await;
-    // The relay finishes its pass and flushes its producer on the way out.
-    while background.join_next().await.is_some() {}
+    app.run(listener).await;
     zlink_clients::trace::flush();
     tracing::info!("primary stopped");
     Ok(())

@@ -21,9 +21,43 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::ops::{self, Ops};
 
+/// The composition root of `replicator run`, used by `main` and the tests alike.
+pub struct App {
+    pub applier: Arc<Applier>,
+    pub pipeline: Arc<Pipeline>,
+}
+
+impl App {
+    /// From validated configs and a connected session: the S3 client, the replica-version
+    /// repository, the metrics, the consumer (not yet consuming).
+    pub async fn build(
+        kafka: &consumer::KafkaConfig,
+        s3: &zlink_clients::s3::S3Config,
+        db: zlink_store::Db,
+        clock: Arc<dyn zlink_clients::clock::Clock>,
+    ) -> anyhow::Result<App> {
+        let db = Arc::new(db);
+        let metrics = Arc::new(metrics::Metrics::new());
+        let applier = Arc::new(Applier {
+            s3: Arc::new(s3::S3Store::new(s3)),
+            replicas: zlink_store::replicas::Replicas::prepare(db.clone()).await?,
+            db,
+            metrics: metrics.clone(),
+            clock,
+        });
+        let pipeline = Pipeline::new(kafka, applier.clone(), metrics)?;
+        Ok(App { applier, pipeline })
+    }
+
+    /// Consumes and serves the ops endpoint until `shutdown`.
+    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) {
+        run(listener, self.pipeline, self.applier, shutdown).await
+    }
+}
+
 /// Runs the consumer pipeline and the ops endpoint until `shutdown`; returns once the consumer
 /// has stopped and committed.
-pub async fn run(
+async fn run(
     listener: TcpListener,
     pipeline: Arc<Pipeline>,
     applier: Arc<Applier>,

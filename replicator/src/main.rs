@@ -1,14 +1,12 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use zlink_clients::clock::{Clock, SystemClock};
-use zlink_store::replicas::Replicas;
 use zlink_store::StoreConfig;
 
-use replicator::apply::Applier;
-use replicator::consumer::{KafkaConfig, Pipeline};
-use replicator::metrics::Metrics;
+use replicator::consumer::KafkaConfig;
 use replicator::reconcile::{reconcile, ReconcileArgs, ReconcileStore};
 use replicator::s3::{S3Config, S3Store};
+use replicator::App;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,28 +68,17 @@ async fn main() -> anyhow::Result<()> {
             }
             zlink_clients::trace::init(&trace, "replicator").map_err(anyhow::Error::msg)?;
             let shutdown = zlink_clients::process::shutdown_on_signals();
-            let metrics = Arc::new(Metrics::new());
-            let db = Arc::new(
-                zlink_store::connect::connect_store(&store, Duration::from_secs(60))
-                    .await
-                    .context("connecting to the store")?,
-            );
-            let applier = Arc::new(Applier {
-                s3: Arc::new(S3Store::new(&s3)),
-                replicas: Replicas::prepare(db.clone())
-                    .await
-                    .context("preparing statements")?,
-                db,
-                metrics: metrics.clone(),
-                clock: Arc::new(SystemClock),
-            });
-            let pipeline = Pipeline::new(&kafka, applier.clone(), metrics)
-                .context("creating the Kafka consumer")?;
+            let db = zlink_store::connect::connect_store(&store, Duration::from_secs(60))
+                .await
+                .context("connecting to the store")?;
+            let app = App::build(&kafka, &s3, db, Arc::new(SystemClock))
+                .await
+                .context("starting the replicator")?;
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("binding {listen}"))?;
             tracing::info!(listen = %listen, topic = %kafka.links_topic, group = %kafka.group_id, "replicator running");
-            replicator::run(listener, pipeline, applier, shutdown).await;
+            app.run(listener, shutdown).await;
             zlink_clients::trace::flush();
             Ok(())
         }

@@ -11,7 +11,6 @@ pub mod faults;
 use primary::app::AppState;
 use primary::config::{Cli, Command};
 use primary::events::EventSink;
-use primary::metrics::Metrics;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -92,7 +91,6 @@ pub struct PrimaryHandle {
     pub events: Arc<RecordingSink>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
-    background: tokio::task::JoinSet<()>,
     _spool: Option<TempDir>,
 }
 
@@ -101,12 +99,10 @@ impl PrimaryHandle {
         format!("{}{path}", self.base)
     }
 
-    /// Graceful stop: waits for the server task to drain and return.
-    pub async fn stop(mut self) {
+    /// Graceful stop: the server drains, the event sink closes, the relay finishes.
+    pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = self.task.await;
-        self.state.events.close().await;
-        while self.background.join_next().await.is_some() {}
     }
 }
 
@@ -160,38 +156,15 @@ pub async fn spawn_primary(
         _ => unreachable!(),
     };
     cfg.validate().expect("valid config");
-    let metrics = Arc::new(Metrics::new());
     let db = Db::connect(&cfg.store).await.expect("store reachable");
-    let db = Arc::new(primary::guard_store(db, &cfg, &metrics));
-    let store = Arc::new(
-        primary::store::Store::prepare(db)
-            .await
-            .expect("statements"),
-    );
     let recording = Arc::new(RecordingSink::default());
     let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
     let shutdown = CancellationToken::new();
-    let mut background = tokio::task::JoinSet::new();
-    let events: Arc<dyn EventSink> = if cfg.kafka_brokers().is_some() {
-        primary::event_sink(
-            &cfg,
-            store.clone(),
-            metrics.clone(),
-            clock.clone(),
-            &shutdown,
-            &mut background,
-        )
-        .expect("kafka producer")
-    } else {
-        recording.clone()
-    };
-    let state = AppState::new(&cfg, store, events, metrics, clock).expect("state");
-    let task = tokio::spawn(primary::run(
-        listener,
-        state.clone(),
-        shutdown.clone(),
-        Duration::from_secs(5),
-    ));
+    let app = primary::App::build(&cfg, db, clock, Some(recording.clone()), shutdown.clone())
+        .await
+        .expect("primary built");
+    let state = app.state.clone();
+    let task = tokio::spawn(app.run(listener));
     PrimaryHandle {
         base,
         keyspace: keyspace.to_string(),
@@ -199,7 +172,6 @@ pub async fn spawn_primary(
         events: recording,
         shutdown,
         task,
-        background,
         _spool: spool,
     }
 }
@@ -329,22 +301,6 @@ impl ReplicatorHandle {
 
 pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> ReplicatorHandle {
     let n = names(keyspace);
-    let metrics = Arc::new(replicator::metrics::Metrics::new());
-    let s3 = Arc::new(replicator::s3::S3Store::new(&infra.s3_config(&n.s3_prefix)));
-    let db = Arc::new(
-        Db::connect(&infra.store_config(keyspace))
-            .await
-            .expect("store"),
-    );
-    let applier = Arc::new(replicator::apply::Applier {
-        s3: s3.clone(),
-        replicas: zlink_store::replicas::Replicas::prepare(db.clone())
-            .await
-            .expect("statements"),
-        db,
-        metrics: metrics.clone(),
-        clock: Arc::new(SystemClock),
-    });
     let kafka = replicator::consumer::KafkaConfig {
         kafka: brokers.to_string(),
         group_id: n.group,
@@ -352,18 +308,27 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
         links_topic: n.links_topic,
         dlq_topic: n.dlq_topic,
     };
-    let pipeline = replicator::consumer::Pipeline::new(&kafka, applier.clone(), metrics.clone())
-        .expect("pipeline");
+    let db = Db::connect(&infra.store_config(keyspace))
+        .await
+        .expect("store");
+    let app = replicator::App::build(
+        &kafka,
+        &infra.s3_config(&n.s3_prefix),
+        db,
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("replicator built");
+    let (s3, metrics, pipeline) = (
+        app.applier.s3.clone(),
+        app.applier.metrics.clone(),
+        app.pipeline.clone(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(replicator::run(
-        listener,
-        pipeline.clone(),
-        applier,
-        shutdown.clone(),
-    ));
+    let task = tokio::spawn(app.run(listener, shutdown.clone()));
     // Latency assertions measure replication, not the consumer group's first join.
     let joined = eventually(Duration::from_secs(30), || {
         let p = pipeline.clone();
