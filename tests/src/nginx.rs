@@ -1,0 +1,181 @@
+//! Real nginx from the `nginx/` templates (both tiers), rendered for a test's upstreams.
+
+use super::*;
+
+/// nginx `server` lines for an upstream block: one per address, each with `extra` parameters.
+pub fn upstream_servers(addrs: &[String], extra: &str) -> String {
+    addrs
+        .iter()
+        .map(|a| format!("        server {a} {extra};"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `host:port` of a `http://host:port` base URL.
+pub fn hostport(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+/// Placeholder values of nginx/lastresort.conf for a last-resort host in front of
+/// `lastresort_servers` (upstream lines), reading S3 under `prefix`, logging rung-3 clicks to
+/// `click_log`. Timeouts come from nginx/lastresort.budgets.
+pub fn lastresort_host_values(
+    lastresort_servers: String,
+    infra: &Infra,
+    prefix: &str,
+    click_log: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("LASTRESORT_SERVERS", lastresort_servers),
+        ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
+        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
+        ("S3_BUCKET", infra.s3_bucket.clone()),
+        ("S3_PREFIX", prefix.to_string()),
+        (
+            "STATIC",
+            repo_root().join("nginx/static").display().to_string(),
+        ),
+        ("CLICK_LOG", click_log.to_string()),
+    ]
+}
+
+/// An nginx of the test's own, from a template in `nginx/` rendered by deploy/local/nginx-render
+/// (the same renderer `up` uses) and checked with `nginx -t` before it starts.
+pub struct OwnNginx {
+    pub base: String,
+    pub dir: TempDir,
+    child: std::process::Child,
+}
+
+pub fn nginx_bin() -> String {
+    ["/usr/sbin/nginx", "/usr/local/sbin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or("nginx")
+        .to_string()
+}
+
+/// Renders `template` (a file of `nginx/`) into `dir` with `values` plus RUN, LOGS and LISTEN,
+/// and runs `nginx -t` on it. Returns the config path.
+pub fn render_nginx(
+    template: &str,
+    dir: &std::path::Path,
+    port: u16,
+    values: &[(&str, String)],
+) -> std::path::PathBuf {
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    for t in ["nginx-frontend-tmp", "nginx-lastresort-tmp"] {
+        std::fs::create_dir_all(dir.join(t)).unwrap();
+    }
+    let out = dir.join(template);
+    let mut args = vec![
+        repo_root()
+            .join("deploy/local/nginx-render")
+            .display()
+            .to_string(),
+        repo_root()
+            .join("nginx")
+            .join(template)
+            .display()
+            .to_string(),
+        out.display().to_string(),
+        format!("RUN={}", dir.display()),
+        format!("LOGS={}", logs.display()),
+        format!("LISTEN=127.0.0.1:{port}"),
+    ];
+    // 127.0.0.1 is the exempt load generator, as in the local topology, unless the test says.
+    if !values.iter().any(|(k, _)| *k == "RATE_LIMIT_EXEMPT") {
+        args.push("RATE_LIMIT_EXEMPT=127.0.0.1".into());
+    }
+    if !values.iter().any(|(k, _)| *k == "STATUS_LISTEN") {
+        args.push(format!("STATUS_LISTEN=127.0.0.1:{}", free_port()));
+    }
+    args.extend(values.iter().map(|(k, v)| format!("{k}={v}")));
+    let ok = std::process::Command::new("python3")
+        .args(&args)
+        .status()
+        .expect("python3");
+    assert!(ok.success(), "rendering {template}");
+    let t = std::process::Command::new(nginx_bin())
+        .args(["-t", "-q", "-p"])
+        .arg(dir)
+        .arg("-c")
+        .arg(&out)
+        .arg("-e")
+        .arg(logs.join("error.log"))
+        .output()
+        .expect("nginx -t");
+    assert!(
+        t.status.success(),
+        "nginx -t {template}: {}",
+        String::from_utf8_lossy(&t.stderr)
+    );
+    out
+}
+
+impl OwnNginx {
+    pub async fn start(template: &str, values: &[(&str, String)]) -> OwnNginx {
+        let dir = TempDir::new("nginx");
+        let port = free_port();
+        let conf = render_nginx(template, dir.path(), port, values);
+        let child = std::process::Command::new(nginx_bin())
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf)
+            .arg("-e")
+            .arg(dir.path().join("logs/error.log"))
+            .args(["-g", "daemon off;"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx");
+        let base = format!("http://127.0.0.1:{port}");
+        assert!(
+            eventually_ok(&format!("{base}/nginx-health"), Duration::from_secs(10)).await,
+            "nginx {template} up"
+        );
+        OwnNginx { base, dir, child }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// A log file of this nginx (under its `logs/`).
+    pub fn log(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join("logs").join(name)
+    }
+
+    /// Its JSON access log so far, one value per line (nginx flushes the buffer each second,
+    /// so this polls until at least `min` lines are there).
+    pub async fn access_log(&self, name: &str, min: usize) -> Vec<serde_json::Value> {
+        let path = self.log(name);
+        let mut lines = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            lines = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON log line"))
+                .collect();
+            if lines.len() >= min {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lines
+    }
+}
+
+impl Drop for OwnNginx {
+    /// SIGTERM: the master stops its workers (SIGKILL would orphan them).
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,279 @@
+//! The services in-process on port 0, built by their composition roots (`primary::App`,
+//! `replicator::App`, lastresort's `state`) from parsed command-line flags.
+
+use super::*;
+
+/// Records every event handed to it.
+#[derive(Default)]
+pub struct RecordingSink {
+    pub links: Mutex<Vec<LinkEvent>>,
+    pub clicks: Mutex<Vec<ClickEvent>>,
+}
+
+impl EventSink for RecordingSink {
+    fn link_changed(&self, ev: LinkEvent) {
+        self.links.lock().unwrap().push(ev);
+    }
+    fn clicked(&self, ev: ClickEvent) -> bool {
+        self.clicks.lock().unwrap().push(ev);
+        false
+    }
+}
+
+pub struct PrimaryHandle {
+    pub base: String,
+    pub keyspace: String,
+    pub state: Arc<AppState>,
+    /// Events seen, when the primary runs without Kafka.
+    pub events: Arc<RecordingSink>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _spool: Option<TempDir>,
+}
+
+impl PrimaryHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Graceful stop: the server drains, the event sink closes, the relay finishes.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Starts a primary on 127.0.0.1:0 over `keyspace`. `extra` are `primary serve` flags, parsed by
+/// the real CLI parser and validated like the binary does.
+pub async fn spawn_primary(
+    infra: &Infra,
+    keyspace: &str,
+    extra: &[&str],
+    clock: Option<Arc<dyn Clock>>,
+) -> PrimaryHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut argv = vec!["primary".to_string(), "serve".into()];
+    // A test may route the store through a fault proxy of its own.
+    if !extra.contains(&"--cql-nodes") {
+        argv.extend(["--cql-nodes".into(), infra.cql.clone()]);
+    }
+    argv.extend([
+        "--keyspace".into(),
+        keyspace.into(),
+        "--slug-key".into(),
+        format!("test-slug-key-{keyspace}"),
+        "--public-base-url".into(),
+        base.clone(),
+    ]);
+    // With Kafka, clicks are spooled: a fresh spool directory unless the test names one.
+    let spool = (extra.contains(&"--kafka") && !extra.contains(&"--spool-dir"))
+        .then(|| TempDir::new("primary-spool"));
+    if let Some(d) = &spool {
+        argv.extend(["--spool-dir".to_string(), d.path().display().to_string()]);
+    }
+    if extra.contains(&"--kafka") && !extra.contains(&"--ip-hash-salt") {
+        argv.extend(["--ip-hash-salt".into(), "test-salt-16-bytes-min".into()]);
+    }
+    // Tests send from 127.0.0.1 and create links in bursts: that address is the exempt load
+    // generator and per-key limits are off, unless the test sets them (tests/security.rs).
+    if !extra.contains(&"--rate-limit-exempt") {
+        argv.extend(["--rate-limit-exempt".into(), "127.0.0.1".into()]);
+    }
+    if !extra.contains(&"--limit-writes-per-key") {
+        argv.extend(["--limit-writes-per-key".into(), "off".into()]);
+    }
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = match clap::Parser::try_parse_from(argv).expect("valid flags") {
+        Cli {
+            command: Command::Serve(cfg),
+        } => cfg,
+        _ => unreachable!(),
+    };
+    cfg.validate().expect("valid config");
+    let db = Db::connect(&cfg.store).await.expect("store reachable");
+    let recording = Arc::new(RecordingSink::default());
+    let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
+    let shutdown = CancellationToken::new();
+    let app = primary::App::build(&cfg, db, clock, Some(recording.clone()), shutdown.clone())
+        .await
+        .expect("primary built");
+    let state = app.state.clone();
+    let task = tokio::spawn(app.run(listener));
+    PrimaryHandle {
+        base,
+        keyspace: keyspace.to_string(),
+        state,
+        events: recording,
+        shutdown,
+        task,
+        _spool: spool,
+    }
+}
+
+/// A replicator running in-process over the test's topic, group, keyspace and prefix.
+pub struct ReplicatorHandle {
+    pub metrics: Arc<replicator::metrics::Metrics>,
+    pub s3: Arc<replicator::s3::S3Store>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReplicatorHandle {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> ReplicatorHandle {
+    let n = names(keyspace);
+    let kafka = replicator::consumer::KafkaConfig {
+        kafka: brokers.to_string(),
+        group_id: n.group,
+        group_instance_id: String::new(),
+        links_topic: n.links_topic,
+        dlq_topic: n.dlq_topic,
+    };
+    let db = Db::connect(&infra.store_config(keyspace))
+        .await
+        .expect("store");
+    let app = replicator::App::build(
+        &kafka,
+        &infra.s3_config(&n.s3_prefix),
+        db,
+        Arc::new(SystemClock),
+    )
+    .await
+    .expect("replicator built");
+    let (s3, metrics, pipeline) = (
+        app.applier.s3.clone(),
+        app.applier.metrics.clone(),
+        app.pipeline.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(app.run(listener, shutdown.clone()));
+    // Latency assertions measure replication, not the consumer group's first join.
+    let joined = eventually(Duration::from_secs(30), || {
+        let p = pipeline.clone();
+        async move {
+            tokio::task::spawn_blocking(move || p.assigned_partitions() > 0)
+                .await
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    assert!(joined, "replicator got no partitions within 30 s");
+    ReplicatorHandle {
+        metrics,
+        s3,
+        shutdown,
+        task,
+    }
+}
+
+/// A lastresort running in-process, reading `bucket`/`prefix` at `endpoint`.
+pub struct LastresortHandle {
+    pub base: String,
+    pub state: Arc<lastresort::http::State>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _spool: Option<TempDir>,
+}
+
+impl LastresortHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// lastresort's command line for `endpoint`/`prefix`: `extra` flags win; unless given, clicks
+/// are replayed to the shared Kafka from a fresh spool directory (returned, deleted on drop).
+pub fn lastresort_argv(
+    infra: &Infra,
+    endpoint: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> (Vec<String>, Option<TempDir>) {
+    let mut argv: Vec<String> = [
+        "--s3-endpoint",
+        endpoint,
+        "--s3-bucket",
+        &infra.s3_bucket,
+        "--s3-prefix",
+        prefix,
+        "--s3-access-key",
+        &infra.s3_access_key,
+        "--s3-secret-key",
+        &infra.s3_secret_key,
+        "--ip-hash-salt",
+        "test-salt-16-bytes-min",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if !extra.contains(&"--kafka") {
+        argv.extend(["--kafka".to_string(), infra.kafka.clone()]);
+    }
+    let spool = (!extra.contains(&"--spool-dir")).then(|| TempDir::new("lr-spool"));
+    if let Some(d) = &spool {
+        argv.extend(["--spool-dir".to_string(), d.path().display().to_string()]);
+    }
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    (argv, spool)
+}
+
+pub async fn spawn_lastresort(
+    infra: &Infra,
+    endpoint: &str,
+    prefix: &str,
+    extra: &[&str],
+) -> LastresortHandle {
+    let (mut argv, spool) = lastresort_argv(infra, endpoint, prefix, extra);
+    argv.insert(0, "lastresort".into());
+    let cfg =
+        <lastresort::config::Config as clap::Parser>::try_parse_from(argv).expect("valid flags");
+    cfg.validate().expect("valid config");
+    let state =
+        lastresort::state(&cfg, Arc::new(lastresort::metrics::Metrics::new())).expect("state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(lastresort::run(listener, state.clone(), shutdown.clone()));
+    LastresortHandle {
+        base,
+        state,
+        shutdown,
+        task,
+        _spool: spool,
+    }
+}
+
+/// Creates an API key directly in the store and returns it.
+pub async fn create_key(state: &AppState, owner: &str, admin: bool) -> String {
+    let (key, key_id) = primary::auth::generate_key();
+    state
+        .store
+        .keys
+        .insert(
+            &primary::auth::hash_key(&key),
+            &key_id,
+            owner,
+            admin,
+            SystemClock.now_ms(),
+        )
+        .await
+        .expect("key stored");
+    key
+}
