@@ -1,0 +1,149 @@
+use super::*;
+use http::HeaderValue;
+
+fn trusted() -> TrustedProxies {
+    DEFAULT_TRUSTED_PROXIES.parse().unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn trusted_proxies_parse_and_match_cidrs() {
+    let t: TrustedProxies = "10.0.0.0/8, 192.0.2.7,::1/128".parse().unwrap();
+    assert!(t.contains(ip("10.200.0.1")));
+    assert!(t.contains(ip("192.0.2.7")));
+    assert!(!t.contains(ip("192.0.2.8")));
+    assert!(t.contains(ip("::1")));
+    assert!(t.contains(ip("::ffff:10.1.2.3")), "IPv4-mapped");
+    assert!(!t.contains(ip("11.0.0.1")));
+    let all: TrustedProxies = "0.0.0.0/0".parse().unwrap();
+    assert!(all.contains(ip("203.0.113.1")));
+    let none: TrustedProxies = "".parse().unwrap();
+    assert!(!none.contains(ip("127.0.0.1")));
+    for bad in ["10.0.0.0/33", "x", "10.0.0.0/", "::1/129"] {
+        assert!(bad.parse::<TrustedProxies>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn origin_comes_from_a_trusted_proxy_only() {
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-forwarded-for",
+        HeaderValue::from_static("1.1.1.1, 203.0.113.9"),
+    );
+    h.insert(
+        "x-request-id",
+        HeaderValue::from_static("0123456789abcdef0123456789abcdef"),
+    );
+    h.insert(
+        "x-request-start",
+        HeaderValue::from_static("t=1795328181.123"),
+    );
+    let now = 1_795_328_182_000;
+    let o = trusted().origin(ip("127.0.0.1"), &h, now);
+    assert_eq!(o.client, ip("203.0.113.9"));
+    assert_eq!(
+        o.id.simple().to_string(),
+        "0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(o.at_ms, 1_795_328_181_123);
+    // The same request seen by another tier: the same id and time.
+    assert_eq!(trusted().origin(ip("127.0.0.2"), &h, now + 30_000), o);
+    // From anyone else: nothing believed.
+    let o = trusted().origin(ip("198.51.100.1"), &h, now);
+    assert_eq!(o.client, ip("198.51.100.1"));
+    assert_ne!(
+        o.id.simple().to_string(),
+        "0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(o.at_ms, now);
+    // Malformed or implausible values are replaced, never trusted half-way.
+    let mut bad = HeaderMap::new();
+    bad.insert("x-request-id", HeaderValue::from_static("not-an-id"));
+    bad.insert("x-request-start", HeaderValue::from_static("t=17.9.5"));
+    let o = trusted().origin(ip("127.0.0.1"), &bad, now);
+    assert_eq!((o.at_ms, o.client), (now, ip("127.0.0.1")));
+    bad.insert(
+        "x-request-id",
+        HeaderValue::from_static("00000000000000000000000000000000"),
+    );
+    bad.insert("x-request-start", HeaderValue::from_static("1000.000"));
+    let o = trusted().origin(ip("127.0.0.1"), &bad, now);
+    assert!(!o.id.is_nil());
+    assert_eq!(o.at_ms, now, "a start older than a day is not believed");
+}
+
+#[test]
+fn head_is_not_a_click() {
+    assert!(is_click(&http::Method::GET));
+    assert!(!is_click(&http::Method::HEAD));
+}
+
+#[test]
+fn msec_parses_without_floats() {
+    assert_eq!(msec_to_ms("1795328181.123"), Some(1_795_328_181_123));
+    assert_eq!(msec_to_ms("1795328181.1"), Some(1_795_328_181_100));
+    assert_eq!(msec_to_ms("1795328181"), Some(1_795_328_181_000));
+    for bad in [
+        "",
+        ".5",
+        "1.2345",
+        "-1.000",
+        "1.-2",
+        "a.000",
+        "99999999999999.000",
+    ] {
+        assert_eq!(msec_to_ms(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn header_text_truncates_on_char_boundaries() {
+    let mut h = HeaderMap::new();
+    h.insert(header::USER_AGENT, HeaderValue::from_static("abcdef"));
+    assert_eq!(
+        header_text(&h, header::USER_AGENT, 3).as_deref(),
+        Some("abc")
+    );
+}
+
+#[test]
+fn a_framed_event_unframes_to_its_slug_and_json() {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::REFERER,
+        HeaderValue::from_static("https://r.example/"),
+    );
+    let origin = Origin {
+        id: Uuid::now_v7(),
+        at_ms: 7,
+        client: ip("127.0.0.1"),
+    };
+    let ev = event(Tier::Lastresort, "salt", "abc-1", &origin, &h);
+    let trace = TraceContext::root();
+    let rec = frame(&ev, Some(&trace));
+    let f = unframe(&rec).unwrap();
+    assert_eq!(f.key, b"abc-1");
+    assert_eq!(serde_json::from_slice::<ClickEvent>(f.value).unwrap(), ev);
+    assert_eq!(f.at_ms, Some(7));
+    assert_eq!(f.traceparent, Some(trace.header().as_str()));
+    assert_eq!(ev.ip_hash, ip_hash("salt", "127.0.0.1".parse().unwrap()));
+    let untraced = frame(&ev, None);
+    assert_eq!(unframe(&untraced).unwrap().traceparent, None);
+    // A record spooled by the previous release: [slug length][slug][json].
+    let mut old = vec![5u8];
+    old.extend_from_slice(b"abc-1");
+    old.extend_from_slice(f.value);
+    let o = unframe(&old).unwrap();
+    assert_eq!(
+        (o.key, o.value, o.at_ms, o.traceparent),
+        (&b"abc-1"[..], f.value, None, None)
+    );
+    assert!(unframe(&[5, b'a']).is_none());
+    assert!(unframe(&[]).is_none());
+    assert!(unframe(&[FRAME_V2, 1, 2]).is_none());
+    assert!(unframe(&[FRAME_V2, 0, 0, 0, 0, 0, 0, 0, 0, 60, b'x']).is_none());
+}

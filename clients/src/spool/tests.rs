@@ -1,0 +1,244 @@
+use super::*;
+
+fn cfg(dir: &Path) -> SpoolConfig {
+    SpoolConfig {
+        segment_bytes: 2 * (MAX_RECORD as u64 + HEADER as u64),
+        max_bytes: 64 * 1024 * 1024,
+        ..SpoolConfig::new(dir)
+    }
+}
+
+fn rec(i: usize) -> Vec<u8> {
+    format!("record-{i:05}").into_bytes()
+}
+
+fn read_all(r: &mut Reader) -> (Vec<Vec<u8>>, Batch) {
+    let mut out = Vec::new();
+    let mut last = Batch::default();
+    loop {
+        let b = r.read(7, 1 << 20).unwrap();
+        if b.records.is_empty() {
+            last.end = b.end.or(last.end);
+            return (out, last);
+        }
+        out.extend(b.records.iter().cloned());
+        last.end = b.end;
+    }
+}
+
+fn last_segment(dir: &Path) -> PathBuf {
+    segment_path(dir, *list_segments(dir).unwrap().last().unwrap())
+}
+
+#[test]
+fn records_come_back_in_order_once_committed_and_again_if_not() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (spool, mut r, rec0) = Spool::open(cfg(dir.path())).unwrap();
+        assert_eq!(rec0.pending, 0);
+        for i in 0..20 {
+            spool.append(&rec(i)).unwrap();
+        }
+        let first = r.read(5, 1 << 20).unwrap();
+        assert_eq!(first.records, (0..5).map(rec).collect::<Vec<_>>());
+        r.commit(&first).unwrap();
+        // Read but not committed: a crash here must deliver 5..20 again.
+        let (rest, _) = read_all(&mut r);
+        assert_eq!(rest.len(), 15);
+        assert_eq!(spool.stats().pending, 15);
+    }
+    let (spool, mut r, rec1) = Spool::open(cfg(dir.path())).unwrap();
+    assert_eq!((rec1.pending, rec1.cut_bytes), (15, 0));
+    spool.append(&rec(20)).unwrap();
+    let (all, last) = read_all(&mut r);
+    assert_eq!(all, (5..21).map(rec).collect::<Vec<_>>());
+    let done = Batch {
+        records: all,
+        end: last.end,
+    };
+    r.commit(&done).unwrap();
+    assert_eq!(spool.stats().pending, 0);
+    drop((spool, r));
+    let (_s, mut r, rec2) = Spool::open(cfg(dir.path())).unwrap();
+    assert_eq!(rec2.pending, 0);
+    assert!(read_all(&mut r).0.is_empty());
+}
+
+#[test]
+fn a_torn_tail_is_cut_off_and_the_records_before_it_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (spool, _r, _) = Spool::open(cfg(dir.path())).unwrap();
+        for i in 0..10 {
+            spool.append(&rec(i)).unwrap();
+        }
+    }
+    // A crash in the middle of a write: half a record at the end.
+    let seg = last_segment(dir.path());
+    let good = fs::metadata(&seg).unwrap().len();
+    let torn = encode(&rec(99));
+    OpenOptions::new()
+        .append(true)
+        .open(&seg)
+        .unwrap()
+        .write_all(&torn[..torn.len() / 2])
+        .unwrap();
+    let (_s, mut r, report) = Spool::open(cfg(dir.path())).unwrap();
+    assert_eq!(report.pending, 10);
+    assert_eq!(report.cut_bytes, torn.len() as u64 / 2);
+    assert_eq!(fs::metadata(&seg).unwrap().len(), good);
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_corrupt_record_and_everything_after_it_are_cut_never_delivered() {
+    for garbage in [
+        Garbage::FlipPayloadBit,
+        Garbage::Zeroes,
+        Garbage::HugeLength,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (spool, _r, _) = Spool::open(cfg(dir.path())).unwrap();
+            for i in 0..10 {
+                spool.append(&rec(i)).unwrap();
+            }
+        }
+        let seg = last_segment(dir.path());
+        let mut bytes = fs::read(&seg).unwrap();
+        let size = encode(&rec(0)).len();
+        let sixth = MAGIC.len() + 6 * size;
+        match garbage {
+            Garbage::FlipPayloadBit => bytes[sixth + HEADER + 3] ^= 0x10,
+            Garbage::Zeroes => bytes[sixth..].fill(0),
+            Garbage::HugeLength => bytes[sixth..sixth + 4].copy_from_slice(&u32::MAX.to_le_bytes()),
+        }
+        fs::write(&seg, &bytes).unwrap();
+        let (_s, mut r, report) = Spool::open(cfg(dir.path())).unwrap();
+        assert_eq!(report.pending, 6, "{garbage:?}");
+        assert_eq!(report.cut_bytes, 4 * size as u64, "{garbage:?}");
+        assert_eq!(read_all(&mut r).0, (0..6).map(rec).collect::<Vec<_>>());
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Garbage {
+    FlipPayloadBit,
+    Zeroes,
+    HugeLength,
+}
+
+#[test]
+fn segments_rotate_and_are_deleted_once_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+    let big = vec![7u8; 10_000];
+    for _ in 0..60 {
+        spool.append(&big).unwrap();
+    }
+    assert!(list_segments(dir.path()).unwrap().len() >= 4);
+    let mut n = 0;
+    loop {
+        let b = r.read(16, 1 << 20).unwrap();
+        if b.records.is_empty() {
+            break;
+        }
+        n += b.records.len();
+        r.commit(&b).unwrap();
+    }
+    assert_eq!(n, 60);
+    assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
+    let st = spool.stats();
+    assert_eq!(st.pending, 0);
+    assert_eq!(
+        st.disk_bytes,
+        fs::metadata(last_segment(dir.path())).unwrap().len()
+    );
+}
+
+#[test]
+fn a_full_spool_refuses_new_records_and_keeps_the_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = SpoolConfig {
+        max_bytes: 2 * cfg(dir.path()).segment_bytes,
+        ..cfg(dir.path())
+    };
+    let (spool, mut r, _) = Spool::open(c).unwrap();
+    let big = vec![1u8; 30_000];
+    let mut stored = 0;
+    loop {
+        match spool.append(&big) {
+            Ok(()) => stored += 1,
+            Err(AppendError::Full) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(matches!(spool.append(&big), Err(AppendError::Full)));
+    assert_eq!(spool.stats().refused_full, 2);
+    let mut got = 0;
+    loop {
+        let b = r.read(100, 1 << 20).unwrap();
+        if b.records.is_empty() {
+            break;
+        }
+        got += b.records.len();
+        r.commit(&b).unwrap();
+    }
+    assert_eq!(got, stored);
+    spool.append(&big).unwrap();
+    assert!(matches!(spool.append(&[]), Err(AppendError::Size)));
+    assert!(matches!(
+        spool.append(&vec![0; MAX_RECORD + 1]),
+        Err(AppendError::Size)
+    ));
+}
+
+#[test]
+fn foreign_files_in_the_spool_directory_are_ignored_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "99999999999999999999.seg", // 20 digits above u64::MAX
+        "1.seg",
+        "abc.seg",
+        "00000000000000000001.seg.tmp",
+        "notes.txt",
+    ] {
+        fs::write(dir.path().join(name), b"junk").unwrap();
+    }
+    let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+    spool.append(&rec(1)).unwrap();
+    spool.close();
+    assert_eq!(read_all(&mut r).0, vec![rec(1)]);
+}
+
+#[test]
+fn one_process_per_spool_and_closed_means_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, _r, _) = Spool::open(cfg(dir.path())).unwrap();
+    assert!(Spool::open(cfg(dir.path())).is_err());
+    spool.close();
+    assert!(matches!(spool.append(b"x"), Err(AppendError::Closed)));
+}
+
+#[test]
+fn a_reader_racing_a_writer_sees_every_record_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+    let writer = {
+        let spool = spool.clone();
+        std::thread::spawn(move || {
+            for i in 0..5000 {
+                spool.append(&rec(i)).unwrap();
+            }
+        })
+    };
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 5000 && Instant::now() < deadline {
+        let b = r.read(333, 1 << 20).unwrap();
+        got.extend(b.records.iter().cloned());
+        r.commit(&b).unwrap();
+    }
+    writer.join().unwrap();
+    assert_eq!(got, (0..5000).map(rec).collect::<Vec<_>>());
+}
