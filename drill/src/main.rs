@@ -16,17 +16,23 @@
 //! per-second timeline, checks the mappings (a reconcile command), and exits non-zero when any
 //! phase misses a target.
 
+mod alerts;
+mod hooks;
 mod plan;
 mod report;
+mod writer;
 
+use alerts::watch_alerts;
 use anyhow::{bail, Context};
 use clap::Parser;
+use hooks::{flap, hook};
 use plan::{Action, Kind, Scenario, FLAP_WITH};
 use report::{AlertChange, Outcome, Sample, Targets, Write};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use writer::{probe, writer};
 
 #[derive(Parser, Debug)]
 #[command(name = "drill", about = "zlink failover drill")]
@@ -132,77 +138,6 @@ struct Args {
     report: String,
 }
 
-fn run_hook(template: &str, kind: Kind, component: &str) -> anyhow::Result<()> {
-    let cmd = template
-        .replace("{kind}", kind.name())
-        .replace("{component}", component);
-    let status = std::process::Command::new("bash")
-        .arg("-c")
-        .arg(&cmd)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .with_context(|| format!("running {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?} failed: {status}");
-    }
-    Ok(())
-}
-
-async fn hook(template: String, kind: Kind, component: String) -> anyhow::Result<()> {
-    tokio::task::spawn_blocking(move || run_hook(&template, kind, &component)).await?
-}
-
-/// Checks one answer: the right redirect (rungs 1, 2) or the right meta-refresh page (rung 3).
-async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> Sample {
-    let started = Instant::now();
-    let mut s = Sample {
-        phase: 0,
-        rung: None,
-        outcome: Outcome::Failed,
-        status: 0,
-        start_ms: 0,
-        micros: 0,
-        link: 0,
-        click: None,
-    };
-    let Ok(r) = client.get(format!("{base}/{slug}")).send().await else {
-        s.micros = started.elapsed().as_micros() as u64;
-        return s;
-    };
-    s.status = r.status().as_u16();
-    let header = |name: &str| {
-        r.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    s.rung = match header("x-zlink-tier").as_deref() {
-        Some("primary") => Some(1),
-        Some("lastresort") => Some(2),
-        Some("lastresort-nginx") => Some(3),
-        _ => None,
-    };
-    s.click = header("x-zlink-click-id").and_then(|id| uuid::Uuid::parse_str(&id).ok());
-    let location = header("location");
-    let right = match (s.status, s.rung) {
-        (301 | 302 | 307 | 308, Some(1 | 2)) => location.as_deref() == Some(url),
-        (200, Some(3)) => r.text().await.is_ok_and(|body| {
-            body.contains("http-equiv=\"refresh\"")
-                && body.contains(&zlink_wire::blob::escape_html(url))
-        }),
-        _ => false,
-    };
-    s.outcome = if right {
-        Outcome::Right
-    } else if s.status >= 500 {
-        Outcome::Failed
-    } else {
-        Outcome::Wrong
-    };
-    s.micros = started.elapsed().as_micros() as u64;
-    s
-}
-
 /// The tier → components map: defaults, the primaries/lastresorts flags, then `--tier`.
 fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     let mut m: BTreeMap<String, Vec<String>> = [
@@ -230,188 +165,6 @@ fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
         m.insert(name.to_string(), comps);
     }
     Ok(m)
-}
-
-/// Toggles `comps` between broken (`FLAP_WITH`) and restored every `every` until `stop`;
-/// always ends restored. Returns the first hook error.
-async fn flap(
-    break_cmd: String,
-    restore_cmd: String,
-    comps: Vec<String>,
-    every: Duration,
-    stop: Arc<tokio::sync::Notify>,
-) -> Option<String> {
-    let mut err = None;
-    loop {
-        for c in &comps {
-            if let Err(e) = hook(break_cmd.clone(), FLAP_WITH, c.clone()).await {
-                err.get_or_insert(format!("{e:#}"));
-            }
-        }
-        let stopped = tokio::select! {
-            _ = stop.notified() => true,
-            _ = tokio::time::sleep(every) => false,
-        };
-        for c in &comps {
-            if let Err(e) = hook(restore_cmd.clone(), FLAP_WITH, c.clone()).await {
-                err.get_or_insert(format!("{e:#}"));
-            }
-        }
-        if stopped {
-            return err;
-        }
-        tokio::select! {
-            _ = stop.notified() => return err,
-            _ = tokio::time::sleep(every) => {}
-        }
-    }
-}
-
-/// Until every rung serves `slug` right (S3 has the page, the last-resort host answers it), at
-/// most 60 s: the time taken, or None. Both are polled from the create on, so a "missing"
-/// answer the last-resort tier cached before the page reached S3 counts against ε too.
-async fn until_on_every_rung(
-    client: &reqwest::Client,
-    blob: &str,
-    lastresort_host: Option<&str>,
-    slug: &str,
-    url: &str,
-) -> Option<f64> {
-    let started = Instant::now();
-    let (mut in_s3, mut served) = (false, lastresort_host.is_none());
-    while started.elapsed() < Duration::from_secs(60) {
-        if !in_s3 {
-            in_s3 = client
-                .get(blob)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().as_u16() == 200);
-        }
-        if let (false, Some(h)) = (served, lastresort_host) {
-            served = probe(client, h, slug, url).await.outcome == Outcome::Right;
-        }
-        if in_s3 && served {
-            return Some(started.elapsed().as_secs_f64() * 1000.0);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    None
-}
-
-/// Creates a link every `every` (not while a phase's actions run) and times each until every
-/// rung serves it, until `stop`.
-#[allow(clippy::too_many_arguments)]
-async fn writer(
-    client: reqwest::Client,
-    base: String,
-    admin_key: String,
-    blob_prefix: String,
-    lastresort_host: Option<String>,
-    run: String,
-    every: Duration,
-    phase: Arc<AtomicUsize>,
-    acting: Arc<AtomicBool>,
-    t0: Instant,
-    stop: Arc<tokio::sync::Notify>,
-) -> Vec<Write> {
-    let mut watchers = tokio::task::JoinSet::new();
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // Bounded: at most a day of creates.
-    for n in 0..(86_400_000 / every.as_millis().max(1) as u64) {
-        tokio::select! {
-            _ = stop.notified() => break,
-            _ = tick.tick() => {}
-        }
-        if acting.load(Ordering::Relaxed) {
-            continue;
-        }
-        let p = phase.load(Ordering::Relaxed);
-        let slug = format!("drill-{}-w{n}", &run[..10]);
-        let url = format!("https://example.com/drill/{run}/w/{n}");
-        let status = client
-            .post(format!("{base}/api/v1/links"))
-            .bearer_auth(&admin_key)
-            .json(&serde_json::json!({"url": url, "slug": slug}))
-            .send()
-            .await
-            .map_or(0, |r| r.status().as_u16());
-        let at_ms = t0.elapsed().as_millis() as u64;
-        let (client, blob, host) = (
-            client.clone(),
-            format!("{blob_prefix}{slug}"),
-            lastresort_host.clone(),
-        );
-        watchers.spawn(async move {
-            let to_rungs_ms = if status == 201 {
-                until_on_every_rung(&client, &blob, host.as_deref(), &slug, &url).await
-            } else {
-                None
-            };
-            Write {
-                phase: p,
-                at_ms,
-                status,
-                to_rungs_ms,
-            }
-        });
-    }
-    let mut out = Vec::new();
-    while let Some(w) = watchers.join_next().await {
-        out.extend(w.ok());
-    }
-    out
-}
-
-/// Polls Alertmanager's active alerts every second until `stop`, recording every change of
-/// the set of firing alert names (the first poll records what already fires).
-async fn watch_alerts(
-    client: reqwest::Client,
-    am: String,
-    t0: Instant,
-    stop: Arc<tokio::sync::Notify>,
-) -> Vec<AlertChange> {
-    let url = format!(
-        "{}/api/v2/alerts?active=true&silenced=false&inhibited=false",
-        am.trim_end_matches('/')
-    );
-    let mut firing = std::collections::BTreeSet::<String>::new();
-    let mut changes = Vec::new();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    // Bounded: a day of polls at most.
-    for _ in 0..86_400 {
-        tokio::select! {
-            _ = stop.notified() => break,
-            _ = tick.tick() => {}
-        }
-        let Ok(r) = client.get(&url).send().await else {
-            continue;
-        };
-        let Ok(list) = r.json::<Vec<serde_json::Value>>().await else {
-            continue;
-        };
-        let now: std::collections::BTreeSet<String> = list
-            .iter()
-            .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_string))
-            .collect();
-        let at_ms = t0.elapsed().as_millis() as u64;
-        for a in now.difference(&firing) {
-            changes.push(AlertChange {
-                at_ms,
-                alert: a.clone(),
-                firing: true,
-            });
-        }
-        for a in firing.difference(&now) {
-            changes.push(AlertChange {
-                at_ms,
-                alert: a.clone(),
-                firing: false,
-            });
-        }
-        firing = now;
-    }
-    changes
 }
 
 #[tokio::main]

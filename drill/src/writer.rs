@@ -1,0 +1,151 @@
+//! One probe of a link through the frontend, and the ε writer: creates a link every so often
+//! and times it until every rung serves it.
+
+use crate::*;
+
+/// Checks one answer: the right redirect (rungs 1, 2) or the right meta-refresh page (rung 3).
+pub(crate) async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> Sample {
+    let started = Instant::now();
+    let mut s = Sample {
+        phase: 0,
+        rung: None,
+        outcome: Outcome::Failed,
+        status: 0,
+        start_ms: 0,
+        micros: 0,
+        link: 0,
+        click: None,
+    };
+    let Ok(r) = client.get(format!("{base}/{slug}")).send().await else {
+        s.micros = started.elapsed().as_micros() as u64;
+        return s;
+    };
+    s.status = r.status().as_u16();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    s.rung = match header("x-zlink-tier").as_deref() {
+        Some("primary") => Some(1),
+        Some("lastresort") => Some(2),
+        Some("lastresort-nginx") => Some(3),
+        _ => None,
+    };
+    s.click = header("x-zlink-click-id").and_then(|id| uuid::Uuid::parse_str(&id).ok());
+    let location = header("location");
+    let right = match (s.status, s.rung) {
+        (301 | 302 | 307 | 308, Some(1 | 2)) => location.as_deref() == Some(url),
+        (200, Some(3)) => r.text().await.is_ok_and(|body| {
+            body.contains("http-equiv=\"refresh\"")
+                && body.contains(&zlink_wire::blob::escape_html(url))
+        }),
+        _ => false,
+    };
+    s.outcome = if right {
+        Outcome::Right
+    } else if s.status >= 500 {
+        Outcome::Failed
+    } else {
+        Outcome::Wrong
+    };
+    s.micros = started.elapsed().as_micros() as u64;
+    s
+}
+
+/// Until every rung serves `slug` right (S3 has the page, the last-resort host answers it), at
+/// most 60 s: the time taken, or None. Both are polled from the create on, so a "missing"
+/// answer the last-resort tier cached before the page reached S3 counts against ε too.
+async fn until_on_every_rung(
+    client: &reqwest::Client,
+    blob: &str,
+    lastresort_host: Option<&str>,
+    slug: &str,
+    url: &str,
+) -> Option<f64> {
+    let started = Instant::now();
+    let (mut in_s3, mut served) = (false, lastresort_host.is_none());
+    while started.elapsed() < Duration::from_secs(60) {
+        if !in_s3 {
+            in_s3 = client
+                .get(blob)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().as_u16() == 200);
+        }
+        if let (false, Some(h)) = (served, lastresort_host) {
+            served = probe(client, h, slug, url).await.outcome == Outcome::Right;
+        }
+        if in_s3 && served {
+            return Some(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Creates a link every `every` (not while a phase's actions run) and times each until every
+/// rung serves it, until `stop`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn writer(
+    client: reqwest::Client,
+    base: String,
+    admin_key: String,
+    blob_prefix: String,
+    lastresort_host: Option<String>,
+    run: String,
+    every: Duration,
+    phase: Arc<AtomicUsize>,
+    acting: Arc<AtomicBool>,
+    t0: Instant,
+    stop: Arc<tokio::sync::Notify>,
+) -> Vec<Write> {
+    let mut watchers = tokio::task::JoinSet::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Bounded: at most a day of creates.
+    for n in 0..(86_400_000 / every.as_millis().max(1) as u64) {
+        tokio::select! {
+            _ = stop.notified() => break,
+            _ = tick.tick() => {}
+        }
+        if acting.load(Ordering::Relaxed) {
+            continue;
+        }
+        let p = phase.load(Ordering::Relaxed);
+        let slug = format!("drill-{}-w{n}", &run[..10]);
+        let url = format!("https://example.com/drill/{run}/w/{n}");
+        let status = client
+            .post(format!("{base}/api/v1/links"))
+            .bearer_auth(&admin_key)
+            .json(&serde_json::json!({"url": url, "slug": slug}))
+            .send()
+            .await
+            .map_or(0, |r| r.status().as_u16());
+        let at_ms = t0.elapsed().as_millis() as u64;
+        let (client, blob, host) = (
+            client.clone(),
+            format!("{blob_prefix}{slug}"),
+            lastresort_host.clone(),
+        );
+        watchers.spawn(async move {
+            let to_rungs_ms = if status == 201 {
+                until_on_every_rung(&client, &blob, host.as_deref(), &slug, &url).await
+            } else {
+                None
+            };
+            Write {
+                phase: p,
+                at_ms,
+                status,
+                to_rungs_ms,
+            }
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(w) = watchers.join_next().await {
+        out.extend(w.ok());
+    }
+    out
+}
