@@ -1,8 +1,5 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use zlink_clients::clock::{Clock, SystemClock};
-use zlink_store::StoreConfig;
-
 use replicator::consumer::KafkaConfig;
 use replicator::reconcile::{reconcile, ReconcileArgs, ReconcileStore};
 use replicator::s3::{S3Config, S3Store};
@@ -10,6 +7,8 @@ use replicator::App;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use zlink_clients::clock::{Clock, SystemClock};
+use zlink_store::StoreConfig;
 
 #[derive(Parser)]
 #[command(
