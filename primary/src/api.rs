@@ -2,8 +2,8 @@
 
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
+use crate::error::Resp;
 use crate::error::{json_response, ApiError};
-use crate::http::Resp;
 use chrono::{DateTime, SecondsFormat, Utc};
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};

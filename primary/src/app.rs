@@ -5,20 +5,32 @@ use crate::cache::{CacheSettings, RedirectCache};
 use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::events::EventSink;
-use crate::http::Peer;
 use crate::ids::IdAllocator;
 use crate::limits::{retry_after_secs, Limiter, Limits};
 use crate::memcache::Memcache;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use http::{HeaderValue, Request};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::breaker::Breaker;
 use zlink_clients::clock::Clock;
 use zlink_store::clicks::ClickStore;
 use zlink_wire::slug::SlugCodec;
+
+/// The TCP peer, for the client-IP of click events.
+#[derive(Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+impl Peer {
+    /// The TCP peer's address of `req` (0.0.0.0 if the accept loop recorded none).
+    pub fn ip_of<B>(req: &Request<B>) -> std::net::IpAddr {
+        req.extensions()
+            .get::<Peer>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip())
+    }
+}
 
 /// Request-time settings derived from the validated config.
 pub struct Settings {

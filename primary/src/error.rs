@@ -6,6 +6,9 @@ use http_body_util::Full;
 use thiserror::Error;
 use zlink_store::StoreError;
 
+/// Every response primary sends.
+pub type Resp = Response<Full<Bytes>>;
+
 #[derive(Debug, Error)]
 pub enum ApiError {
     // The client's fault: retrying the same request cannot help.

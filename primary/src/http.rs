@@ -13,7 +13,6 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
 use zlink_clients::trace;
 
-pub type Resp = Response<Full<Bytes>>;
+use crate::app::Peer;
+use crate::error::Resp;
 
 /// Every path primary answers. Parsing is pure; method checks happen in [`dispatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,19 +103,6 @@ impl<'a> Route<'a> {
 /// The route label travels to the metrics layer in the response extensions.
 #[derive(Clone, Copy)]
 struct RouteLabel(&'static str);
-
-/// The TCP peer, for the client-IP of click events.
-#[derive(Clone, Copy)]
-pub struct Peer(pub SocketAddr);
-
-impl Peer {
-    /// The TCP peer's address of `req` (0.0.0.0 if the accept loop recorded none).
-    pub fn ip_of<B>(req: &Request<B>) -> std::net::IpAddr {
-        req.extensions()
-            .get::<Peer>()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip())
-    }
-}
 
 /// Every request but probes and scrapes runs in a trace: continued from the `traceparent` of a
 /// trusted proxy (the frontend nginx starts one per request), else a new one. Its server span

@@ -6,8 +6,8 @@
 use crate::api::{read_json, rfc3339, writer};
 use crate::app::AppState;
 use crate::auth::{generate_key, hash_key, is_key_id, validate_owner, Principal};
+use crate::error::Resp;
 use crate::error::{json_response, ApiError};
-use crate::http::Resp;
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;

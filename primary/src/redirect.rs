@@ -2,9 +2,10 @@
 //! → decide (404 / 410 / redirect) → respond → record the click (never awaited).
 
 use crate::app::AppState;
+use crate::app::Peer;
 use crate::cache::Lookup;
 use crate::error::ApiError;
-use crate::http::{Peer, Resp};
+use crate::error::Resp;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::Full;

@@ -3,8 +3,8 @@
 
 use crate::api::{effective_status, load_managed};
 use crate::app::{AppState, Limit};
+use crate::error::Resp;
 use crate::error::{json_response, ApiError};
-use crate::http::Resp;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::Full;
