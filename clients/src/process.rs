@@ -33,8 +33,9 @@ pub fn init_tracing() {
 
 /// One JSON object per event: `ts`, `level`, `span` (the innermost span's name), the fields of
 /// every enclosing span (outer first, inner wins), `trace_id` of the task's current trace
-/// (`trace::current`), then the event's fields (`message` among them). Span fields are kept as JSON by [`JsonFields`] when the span opens and parsed only
-/// when an event is written, so spans that log nothing cost no parsing.
+/// (`trace::current`), then the event's fields (`message` among them). Span fields are kept
+/// as JSON by [`JsonFields`] when the span opens and parsed only when an event is written, so
+/// spans that log nothing cost no parsing.
 pub struct FlatJson;
 
 impl<S> FormatEvent<S, JsonFields> for FlatJson

@@ -420,11 +420,15 @@ pub struct RequestTrace {
 
 /// The label of a lookup answered from the process's own memory.
 pub const LAYER_LOCAL: &str = "local";
+/// ...from the shared memcached.
+pub const LAYER_MEMCACHED: &str = "memcached";
+/// ...from an entry kept for outages (lastresort, while S3 is unreachable).
+pub const LAYER_STALE: &str = "stale";
 
 /// Lookups answered by a cache (the process's own, the shared memcached, or a stale entry kept
 /// for outages): their redirect log lines are sampled; a store or S3 read is always logged.
 pub fn is_cache_hit(layer: &str) -> bool {
-    matches!(layer, LAYER_LOCAL | "memcached" | "stale")
+    matches!(layer, LAYER_LOCAL | LAYER_MEMCACHED | LAYER_STALE)
 }
 
 impl RequestTrace {
@@ -451,8 +455,10 @@ impl RequestTrace {
         self.span.ctx()
     }
 
-    /// Runs the handler under this trace (its [`current`] context).
-    pub async fn run<F: std::future::Future>(&self, fut: F) -> F::Output {
+    /// Runs the handler under this trace (its [`current`] context). The handler is pinned
+    /// by the caller (`std::pin::pin!`) and passed by reference: a redirect's future is large,
+    /// and moving it into the scope's future copied it on every request.
+    pub async fn run<F: std::future::Future>(&self, fut: std::pin::Pin<&mut F>) -> F::Output {
         in_scope(*self.span.ctx(), fut).await
     }
 

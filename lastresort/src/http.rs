@@ -190,18 +190,16 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
                     req.headers(),
                 );
                 let mut layer = None;
-                let r = {
-                    // Pinned in place: handed to the trace scope by reference, not copied.
-                    let handler = std::pin::pin!(redirect(
+                let r = t
+                    .run(std::pin::pin!(redirect(
                         &state,
                         seg,
                         peer,
                         req.method(),
                         req.headers(),
                         &mut layer,
-                    ));
-                    t.run(handler).await
-                };
+                    )))
+                    .await;
                 t.finish(true, Some(seg), layer, r.status());
                 r
             }

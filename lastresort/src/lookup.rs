@@ -179,7 +179,7 @@ impl Lookup {
                     self.metrics.lookups.with_label_values(&["local"]).inc();
                 }
                 let label = match layer.load(Ordering::Relaxed) {
-                    1 => "memcached",
+                    1 => zlink_clients::trace::LAYER_MEMCACHED,
                     2 => "s3",
                     _ => zlink_clients::trace::LAYER_LOCAL,
                 };
@@ -188,7 +188,7 @@ impl Lookup {
             Err(err) => match self.stale.get(slug).await {
                 Some(old) => {
                     self.metrics.lookups.with_label_values(&["stale"]).inc();
-                    Ok((old, "stale"))
+                    Ok((old, zlink_clients::trace::LAYER_STALE))
                 }
                 None => Err((*err).clone()),
             },
@@ -218,11 +218,7 @@ impl Lookup {
                     tracing::warn!(slug = %slug, "memcached value failed validation; read S3");
                 }
                 Ok(None) => {}
-                Err(e) => self
-                    .metrics
-                    .memcached_errors
-                    .with_label_values(&[e.kind()])
-                    .inc(),
+                Err(e) => self.metrics.memcached_failed(&e),
             }
         }
         let started = Instant::now();
@@ -298,12 +294,7 @@ impl Lookup {
             self.mc_key(slug),
             t,
             self.settings.memcached_ttl_s,
-            move |e| {
-                metrics
-                    .memcached_errors
-                    .with_label_values(&[e.kind()])
-                    .inc();
-            },
+            move |e| metrics.memcached_failed(e),
         );
     }
 }

@@ -114,6 +114,11 @@ impl Metrics {
             .fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a failed memcached operation by its kind.
+    pub fn memcached_failed(&self, e: &zlink_clients::memcache::McError) {
+        self.memcached_errors.with_label_values(&[e.kind()]).inc();
+    }
+
     pub fn render(&self) -> Vec<u8> {
         zlink_clients::ops::render(&self.registry)
     }

@@ -71,7 +71,7 @@ impl Layer {
     pub fn label(self) -> &'static str {
         match self {
             Layer::Local => zlink_clients::trace::LAYER_LOCAL,
-            Layer::Memcached => "memcached",
+            Layer::Memcached => zlink_clients::trace::LAYER_MEMCACHED,
             Layer::Store => "store",
         }
     }
@@ -186,11 +186,7 @@ impl RedirectCache {
                     tracing::warn!(slug = ?slug, "memcached value failed validation; read the store");
                 }
                 Ok(None) => {}
-                Err(e) => self
-                    .metrics
-                    .memcached_errors
-                    .with_label_values(&[e.kind()])
-                    .inc(),
+                Err(e) => self.metrics.memcached_failed(&e),
             }
         }
         self.metrics.store_reads.inc();
@@ -226,12 +222,7 @@ impl RedirectCache {
             self.mc_key(slug),
             link,
             self.settings.memcached_ttl_s,
-            move |e| {
-                metrics
-                    .memcached_errors
-                    .with_label_values(&[e.kind()])
-                    .inc();
-            },
+            move |e| metrics.memcached_failed(e),
         );
     }
 
@@ -255,18 +246,12 @@ impl RedirectCache {
         let Err(e) = mc.set_json(&key, link, self.settings.memcached_ttl_s).await else {
             return;
         };
-        self.metrics
-            .memcached_errors
-            .with_label_values(&[e.kind()])
-            .inc();
+        self.metrics.memcached_failed(&e);
         // Not written: take the old value out before answering, if memcached lets us.
         let Err(e) = mc.delete(&key).await else {
             return;
         };
-        self.metrics
-            .memcached_errors
-            .with_label_values(&[e.kind()])
-            .inc();
+        self.metrics.memcached_failed(&e);
         tracing::warn!(slug = ?slug, error = %e, "memcached not updated after a change; deleting in the background");
         let (mc, metrics) = (mc.clone(), self.metrics.clone());
         tokio::spawn(async move {
@@ -275,10 +260,7 @@ impl RedirectCache {
                 tokio::time::sleep(wait).await;
                 match mc.delete(&key).await {
                     Ok(()) => return,
-                    Err(e) => metrics
-                        .memcached_errors
-                        .with_label_values(&[e.kind()])
-                        .inc(),
+                    Err(e) => metrics.memcached_failed(&e),
                 }
                 wait = (wait * 2).min(Duration::from_secs(2));
             }

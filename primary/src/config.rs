@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::time::Duration;
+use zlink_clients::kafka::is_topic_name;
 use zlink_store::StoreConfig;
 
 pub use zlink_clients::Secret;
@@ -44,8 +45,6 @@ pub enum Command {
         admin: bool,
     },
 }
-
-pub use zlink_clients::kafka::is_topic_name;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {

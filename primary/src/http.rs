@@ -126,10 +126,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         "api.request"
     };
     let t = trace::RequestTrace::start(name, label, trusted, req.headers());
-    // Pinned in place: handed to the trace scope by reference, the handler's (large) future
-    // is not copied on the way in.
-    let handler = std::pin::pin!(route_request(state, req));
-    let resp = t.run(handler).await;
+    let resp = t.run(std::pin::pin!(route_request(state, req))).await;
     let layer = resp.extensions().get::<Layer>().map(|l| l.label());
     t.finish(redirect, slug.as_deref(), layer, resp.status());
     resp

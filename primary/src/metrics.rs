@@ -139,6 +139,11 @@ impl Metrics {
         }
     }
 
+    /// Counts a failed memcached operation by its kind.
+    pub fn memcached_failed(&self, e: &zlink_clients::memcache::McError) {
+        self.memcached_errors.with_label_values(&[e.kind()]).inc();
+    }
+
     /// Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         zlink_clients::ops::render(&self.registry)
