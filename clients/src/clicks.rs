@@ -12,7 +12,6 @@ use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
 use crate::trace::{Span, TraceContext};
 use http::{header, HeaderMap};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use rand::Rng;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use sha2::{Digest, Sha256};
@@ -698,7 +697,8 @@ async fn replay(
         }
     };
     tokio::pin!(give_up);
-    let mut delay = Duration::from_millis(200);
+    let mut delay =
+        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         metrics.observe(&spool);
         let stopping = stop.is_cancelled();
@@ -752,20 +752,18 @@ async fn replay(
                     tracing::error!(error = %e, "click spool: commit failed");
                     reader.rewind();
                 }
-                delay = Duration::from_millis(200);
+                delay.reset();
             }
             Err(e) => {
                 metrics.replay_failures.inc();
                 reader.rewind();
-                let half = delay.as_millis() as u64 / 2;
-                let sleep = Duration::from_millis(half + rand::rng().random_range(0..=half));
+                let sleep = delay.next_delay();
                 tracing::warn!(error = %e, pending = spool.stats().pending,
                     retry_in_ms = sleep.as_millis() as u64, "clicks: Kafka did not take the batch");
                 tokio::select! {
                     _ = &mut give_up => break,
                     _ = tokio::time::sleep(sleep) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Clients shared by the zlink tiers. Depends on no service crate, so the last-resort tier can
 //! use it while depending on nothing of primary's.
 //!
+//! - [`backoff`]: exponential backoff with a cap and jitter, for every retry loop.
 //! - [`breaker`]: deadlines and circuit breaking in front of any dependency.
 //! - [`memcache`]: small async memcached client with hard timeouts and a breaker.
 //! - [`s3`]: S3 blob objects (aws-sdk-s3), errors classified transient/permanent.
@@ -13,6 +14,7 @@
 //! - [`trace`]: W3C trace context, spans exported over OTLP, sampled request logs.
 //! - [`Secret`]: a config value that never prints.
 
+pub mod backoff;
 pub mod breaker;
 pub mod clicks;
 pub mod clock;

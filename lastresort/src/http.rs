@@ -1,33 +1,31 @@
-//! The HTTP surface: `GET|HEAD /{slug}` plus `/healthz`, `/readyz`, `/metrics`, `/stats`.
-//! Status, `Location` and `Cache-Control` of redirects match what primary sends for the same
-//! link (SYSTEM.md invariant 7); error bodies use primary's JSON shape.
+//! The HTTP surface: `GET|HEAD /{slug}` (the redirect kit's pipeline with this tier's lookup
+//! chain and click spool) plus `/healthz`, `/readyz`, `/metrics`, `/stats`. Redirects and
+//! errors are the kit's, so they match what primary sends for the same link (SYSTEM.md
+//! invariant 7) by construction.
 
-use crate::lookup::{Answer, Lookup};
+use crate::lookup::Lookup;
 use crate::metrics::Metrics;
-use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::{HeaderValue, Method, Request, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clicks::{self, Clicks};
-use zlink_clients::now_ms;
-use zlink_clients::trace::RequestTrace;
-use zlink_wire::slug;
-
-pub type Resp = Response<Full<Bytes>>;
+use zlink_clients::clock::Clock;
+use zlink_clients::trace::{self, RequestTrace};
+use zlink_redirect::decide::Outcome;
+use zlink_redirect::error::{json, metrics_text};
+use zlink_redirect::pipeline::{self, Tier};
+use zlink_redirect::{Peer, Reject, Resp};
 
 pub struct State {
     pub lookup: Lookup,
     pub clicks: Arc<Clicks>,
     pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
     pub cache_control: HeaderValue,
     pub ready: AtomicBool,
     /// Tails the host nginx's rung-3 click log, when configured.
@@ -36,104 +34,50 @@ pub struct State {
     pub trusted: clicks::TrustedProxies,
 }
 
-fn json(status: StatusCode, body: serde_json::Value) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
-}
+impl Tier for State {
+    const NAME: &'static str = "lastresort";
+    type Answer = Outcome;
 
-fn error(status: StatusCode, code: &str, message: &str) -> Resp {
-    json(
-        status,
-        serde_json::json!({"error": {"code": code, "message": message}}),
-    )
-}
-
-fn gone() -> Resp {
-    error(
-        StatusCode::GONE,
-        "gone",
-        "this link has been disabled or has expired",
-    )
-}
-
-async fn redirect(
-    state: &State,
-    slug: &str,
-    peer: SocketAddr,
-    method: &Method,
-    headers: &http::HeaderMap,
-    layer_out: &mut Option<&'static str>,
-) -> Resp {
-    if !slug::is_valid_slug(slug) {
-        return error(StatusCode::NOT_FOUND, "not_found", "not found");
+    fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
     }
-    let answer = match state.lookup.resolve(slug).await {
-        Ok((a, layer)) => {
-            *layer_out = Some(layer);
-            a
-        }
-        // Fast 503, so the nginx in front moves to the next rung.
-        Err(_) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "a dependency is unavailable, retry later",
-            )
-        }
-    };
-    let target = match answer {
-        Answer::Found(t) => t,
-        Answer::Missing => return error(StatusCode::NOT_FOUND, "not_found", "not found"),
-        Answer::Gone => return gone(),
-    };
-    let now = now_ms();
-    if target.exp.is_some_and(|e| e <= now) {
-        return gone();
+
+    fn cache_control(&self) -> &HeaderValue {
+        &self.cache_control
     }
-    let (Ok(location), Ok(code)) = (
-        HeaderValue::from_str(&target.url),
-        StatusCode::from_u16(target.code),
-    ) else {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        );
-    };
-    let mut r = Response::new(Full::new(Bytes::new()));
-    *r.status_mut() = code;
-    r.headers_mut().insert(header::LOCATION, location);
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, state.cache_control.clone());
-    r.headers_mut()
-        .insert("x-zlink-tier", HeaderValue::from_static("lastresort"));
-    // In the spool before the answer leaves; the id lets a client or a drill trace its click.
-    // HEAD gets the same answer but is no click.
-    if clicks::is_click(method) {
-        let trace = zlink_clients::trace::current();
-        if let Some(id) = state
-            .clicks
-            .record(slug, now, peer.ip(), headers, trace.as_ref())
-        {
-            r.headers_mut()
-                .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+
+    /// Fresh cache → memcached-lr → S3 (stale entries while S3 is down); with none of them,
+    /// a fast 503 so the nginx in front moves to the next rung.
+    async fn lookup(&self, slug: &str) -> Result<(Outcome, &'static str), Reject> {
+        self.lookup
+            .resolve(slug)
+            .await
+            .map_err(|_| Reject::Unavailable)
+    }
+
+    /// In the spool before the answer leaves; the id lets a client or a drill trace its click.
+    fn click<B>(&self, req: &Request<B>, slug: &str, now_ms: i64) -> Option<uuid::Uuid> {
+        let trace = trace::current();
+        self.clicks.record(
+            slug,
+            now_ms,
+            Peer::ip_of(req),
+            req.headers(),
+            trace.as_ref(),
+        )
+    }
+
+    fn done(&self, slug: &str, resp: &Resp, _: Duration) {
+        if resp.status().is_redirection() {
+            self.metrics.redirected(slug);
         }
     }
-    state.metrics.redirected(slug);
-    r
 }
 
-async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -> Resp {
+async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
+    let peer = Peer::ip_of(&req);
     // Rung 2 proper (the frontend failed this request over) or direct traffic (rung 4, probes).
-    let via = if state.trusted.contains(peer.ip())
-        && req.headers().contains_key(clicks::FAILOVER_HEADER)
+    let via = if state.trusted.contains(peer) && req.headers().contains_key(clicks::FAILOVER_HEADER)
     {
         "failover"
     } else {
@@ -142,25 +86,20 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
     let path = req.uri().path();
     let get_or_head = matches!(*req.method(), Method::GET | Method::HEAD);
     let resp = match path {
-        "/healthz" if get_or_head => json(StatusCode::OK, serde_json::json!({"status": "ok"})),
+        "/healthz" if get_or_head => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
         "/readyz" if get_or_head => {
             if state.ready.load(Ordering::Relaxed) {
-                json(StatusCode::OK, serde_json::json!({"status": "ready"}))
+                json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
             } else {
                 json(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    serde_json::json!({"status": "not_ready", "s3": "unreachable"}),
+                    &serde_json::json!({"status": "not_ready", "s3": "unreachable"}),
                 )
             }
         }
         "/metrics" if get_or_head => {
             state.clicks.observe_metrics();
-            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4"),
-            );
-            r
+            metrics_text(state.metrics.render())
         }
         "/stats" if get_or_head => {
             let mut stats = state.metrics.stats(100);
@@ -170,50 +109,28 @@ async fn dispatch(state: Arc<State>, peer: SocketAddr, req: Request<Incoming>) -
                 "disk_bytes": spool.disk_bytes,
                 "refused_full": spool.refused_full,
             });
-            json(StatusCode::OK, stats)
+            json(StatusCode::OK, &stats)
         }
         _ => match path.strip_prefix('/') {
-            Some(seg)
-                if !seg.is_empty()
-                    && !seg.contains('/')
-                    && get_or_head
-                    && !zlink_clients::trace::enabled() =>
-            {
-                redirect(&state, seg, peer, req.method(), req.headers(), &mut None).await
-            }
-            Some(seg) if !seg.is_empty() && !seg.contains('/') && get_or_head => {
-                // Trusted proxies: the host nginx (which passes the frontend's traceparent on).
-                let t = RequestTrace::start(
-                    "redirect.handle",
-                    "redirect",
-                    state.trusted.contains(peer.ip()),
-                    req.headers(),
-                );
-                let mut layer = None;
-                let r = t
-                    .run(std::pin::pin!(redirect(
-                        &state,
-                        seg,
-                        peer,
-                        req.method(),
+            Some(slug) if !slug.is_empty() && !slug.contains('/') && get_or_head => {
+                if trace::enabled() {
+                    // Trusted proxies: the host nginx (which passes the frontend's traceparent).
+                    let t = RequestTrace::start(
+                        "redirect.handle",
+                        "redirect",
+                        state.trusted.contains(peer),
                         req.headers(),
-                        &mut layer,
-                    )))
-                    .await;
-                t.finish(true, Some(seg), layer, r.status());
-                r
+                    );
+                    pipeline::traced(t, true, Some(slug), pipeline::redirect(&*state, &req, slug))
+                        .await
+                } else {
+                    pipeline::redirect(&*state, &req, slug).await
+                }
             }
-            Some(seg) if !seg.is_empty() && !seg.contains('/') => {
-                let mut r = error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "method_not_allowed",
-                    "method not allowed",
-                );
-                r.headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-                r
+            Some(slug) if !slug.is_empty() && !slug.contains('/') => {
+                Reject::MethodNotAllowed("GET, HEAD").into_response()
             }
-            _ => error(StatusCode::NOT_FOUND, "not_found", "not found"),
+            _ => Reject::NotFound.into_response(),
         },
     };
     state
@@ -231,36 +148,12 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10))
-        .keep_alive(true);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            s = listener.accept() => match s {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    zlink_redirect::serve::serve(listener, shutdown, grace, || {
         let st = state.clone();
-        let svc = hyper::service::service_fn(move |req| {
+        hyper::service::service_fn(move |req| {
             let st = st.clone();
-            async move { Ok::<_, Infallible>(dispatch(st, peer, req).await) }
-        });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), svc));
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-    }
-    tokio::select! {
-        _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(grace) => tracing::warn!("grace period over"),
-    }
+            async move { Ok::<_, Infallible>(dispatch(st, req).await) }
+        })
+    })
+    .await;
 }

@@ -24,8 +24,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::breaker::Breaker;
 use zlink_clients::clicks::Clicks;
+use zlink_clients::clock::SystemClock;
 use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
+use zlink_redirect::cache::Memcached;
 use zlink_wire::events::Tier;
 
 /// Builds the shared state from a validated config: opens the click spool (cutting off a torn
@@ -43,7 +45,7 @@ pub fn state(
     )?;
     let s3 = Arc::new(S3Store::new(&cfg.s3));
     let memcached = (!cfg.memcached.trim().is_empty()).then(|| {
-        Arc::new(Memcache::new(
+        let client = Memcache::new(
             cfg.memcached.trim(),
             8,
             Duration::from_millis(cfg.memcached_timeout_ms),
@@ -52,7 +54,13 @@ pub fn state(
                 cfg.memcached_breaker(),
                 Some(metrics.breakers.clone()),
             ),
-        ))
+        );
+        Memcached::new(
+            Arc::new(client),
+            format!("zlr:{}:{}", cfg.s3.s3_bucket, cfg.s3.s3_prefix),
+            cfg.memcached_ttl_s,
+            metrics.cache.clone(),
+        )
     });
     let s3_breaker = Breaker::new("s3", cfg.s3_breaker(), Some(metrics.breakers.clone()));
     let lookup = lookup::Lookup::new(
@@ -62,8 +70,6 @@ pub fn state(
             stale_ttl: Duration::from_secs(cfg.stale_ttl_s),
             capacity: cfg.local_cache_bytes,
             s3_budget: Duration::from_millis(cfg.s3_budget_ms),
-            memcached_ttl_s: cfg.memcached_ttl_s,
-            memcached_prefix: format!("zlr:{}:{}", cfg.s3.s3_bucket, cfg.s3.s3_prefix),
         },
         memcached,
         s3,
@@ -90,6 +96,7 @@ pub fn state(
         lookup,
         clicks,
         metrics,
+        clock: Arc::new(SystemClock),
         cache_control: ::http::HeaderValue::from_str(&cfg.redirect_cache_control)
             .map_err(|e| e.to_string())?,
         ready: false.into(),

@@ -11,42 +11,15 @@
 
 use crate::metrics::Metrics;
 use moka::future::Cache;
-use moka::Expiry;
-use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zlink_clients::breaker::{Breaker, CallError};
-use zlink_clients::memcache::Memcache;
 use zlink_clients::s3::S3Store;
 use zlink_clients::trace::Span;
+use zlink_redirect::cache::{self, LayerCell, LocalCache, Memcached};
+use zlink_redirect::decide::Outcome;
+use zlink_redirect::{layer, Target};
 use zlink_wire::blob;
-
-/// What a redirect needs; also the memcached value (JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Target {
-    pub url: String,
-    pub code: u16,
-    /// Unix milliseconds.
-    pub exp: Option<i64>,
-}
-
-impl Target {
-    /// A value read from memcached is untrusted input: used only if it is what this service
-    /// would have written (a URL that is its own normal form, an allowed redirect code).
-    pub fn is_valid(&self) -> bool {
-        zlink_wire::link::is_redirect_code(self.code)
-            && zlink_wire::longurl::normalize(&self.url).is_ok_and(|n| n == self.url)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub enum Answer {
-    Found(Arc<Target>),
-    /// No blob, but a tombstone: the link exists and is disabled or expired (410).
-    Gone,
-    Missing,
-}
 
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("S3 unavailable: {0}")]
@@ -85,73 +58,41 @@ enum Stored {
     Nothing,
 }
 
-struct TtlByKind {
-    found: Duration,
-    missing: Duration,
-}
-
-impl Expiry<String, Answer> for TtlByKind {
-    fn expire_after_create(&self, _: &String, v: &Answer, _: Instant) -> Option<Duration> {
-        Some(match v {
-            Answer::Found(_) | Answer::Gone => self.found,
-            Answer::Missing => self.missing,
-        })
-    }
-}
-
 pub struct LookupSettings {
     pub fresh_ttl: Duration,
     pub missing_ttl: Duration,
     pub stale_ttl: Duration,
     pub capacity: u64,
     pub s3_budget: Duration,
-    pub memcached_ttl_s: u32,
-    pub memcached_prefix: String,
 }
 
 pub struct Lookup {
     s3_breaker: Breaker,
-    fresh: Cache<String, Answer>,
-    stale: Cache<String, Answer>,
-    memcached: Option<Arc<Memcache>>,
+    fresh: LocalCache<Outcome>,
+    stale: Cache<String, Outcome>,
+    memcached: Option<Memcached>,
     s3: Arc<S3Store>,
     metrics: Arc<Metrics>,
     settings: LookupSettings,
 }
 
-fn weigh(k: &str, v: &Answer) -> u32 {
-    let n = match v {
-        Answer::Found(t) => t.url.len(),
-        Answer::Gone | Answer::Missing => 0,
-    };
-    u32::try_from(k.len() + n + 96).unwrap_or(u32::MAX)
-}
-
 impl Lookup {
     pub fn new(
         settings: LookupSettings,
-        memcached: Option<Arc<Memcache>>,
+        memcached: Option<Memcached>,
         s3: Arc<S3Store>,
         s3_breaker: Breaker,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let fresh = Cache::builder()
-            .max_capacity(settings.capacity)
-            .weigher(|k: &String, v: &Answer| weigh(k, v))
-            .expire_after(TtlByKind {
-                found: settings.fresh_ttl,
-                missing: settings.missing_ttl,
-            })
-            .build();
-        let stale = Cache::builder()
-            .max_capacity(settings.capacity)
-            .weigher(|k: &String, v: &Answer| weigh(k, v))
-            .time_to_live(settings.stale_ttl)
-            .build();
         Lookup {
             s3_breaker,
-            fresh,
-            stale,
+            fresh: LocalCache::new(
+                settings.capacity,
+                settings.fresh_ttl,
+                settings.missing_ttl,
+                metrics.cache.clone(),
+            ),
+            stale: cache::answers(settings.capacity, settings.stale_ttl, None),
             memcached,
             s3,
             metrics,
@@ -165,64 +106,35 @@ impl Lookup {
     }
 
     /// The answer and the layer that gave it (`local`, `memcached`, `s3`, `stale`).
-    pub async fn resolve(&self, slug: &str) -> Result<(Answer, &'static str), Unavailable> {
-        // Set by the load below if this call ran it; callers sharing its load count as local.
-        let layer = AtomicU8::new(0);
-        let entry = self
+    pub async fn resolve(&self, slug: &str) -> Result<(Outcome, &'static str), Unavailable> {
+        let cell = LayerCell::default();
+        match self
             .fresh
-            .entry_by_ref(slug)
-            .or_try_insert_with(self.load(slug, &layer))
-            .await;
-        match entry {
-            Ok(e) => {
-                if !e.is_fresh() {
-                    self.metrics.lookups.with_label_values(&["local"]).inc();
-                }
-                let label = match layer.load(Ordering::Relaxed) {
-                    1 => zlink_clients::trace::LAYER_MEMCACHED,
-                    2 => "s3",
-                    _ => zlink_clients::trace::LAYER_LOCAL,
-                };
-                Ok((e.into_value(), label))
-            }
+            .get_or_load(slug, &cell, self.load(slug, &cell))
+            .await
+        {
+            Ok(found) => Ok(found),
             Err(err) => match self.stale.get(slug).await {
                 Some(old) => {
-                    self.metrics.lookups.with_label_values(&["stale"]).inc();
-                    Ok((old, zlink_clients::trace::LAYER_STALE))
+                    self.metrics.cache.answered(layer::STALE);
+                    Ok((old, layer::STALE))
                 }
                 None => Err((*err).clone()),
             },
         }
     }
 
-    fn mc_key(&self, slug: &str) -> String {
-        format!("{}{slug}", self.settings.memcached_prefix)
-    }
-
-    async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Answer, Unavailable> {
+    async fn load(&self, slug: &str, cell: &LayerCell) -> Result<Outcome, Unavailable> {
         if let Some(mc) = &self.memcached {
-            match mc.get_json::<Target>(&self.mc_key(slug)).await {
-                Ok(Some(t)) if t.is_valid() => {
-                    self.metrics.lookups.with_label_values(&["memcached"]).inc();
-                    layer.store(1, Ordering::Relaxed);
-                    let answer = Answer::Found(Arc::new(t));
-                    self.stale.insert(slug.to_string(), answer.clone()).await;
-                    return Ok(answer);
-                }
-                // Not a value of ours: a miss; S3's answer is what gets served.
-                Ok(Some(_)) => {
-                    self.metrics
-                        .memcached_errors
-                        .with_label_values(&["invalid_value"])
-                        .inc();
-                    tracing::warn!(slug = %slug, "memcached value failed validation; read S3");
-                }
-                Ok(None) => {}
-                Err(e) => self.metrics.memcached_failed(&e),
+            if let Some(t) = mc.get::<Target>(slug).await {
+                cell.set(layer::MEMCACHED);
+                let answer = Outcome::Found(Arc::new(t));
+                self.stale.insert(slug.to_string(), answer.clone()).await;
+                return Ok(answer);
             }
         }
         let started = Instant::now();
-        layer.store(2, Ordering::Relaxed);
+        cell.set(layer::S3);
         let mut span = Span::in_current("s3.get");
         // A missing blob costs a second read: the tombstone tells disabled/expired (410) from
         // unknown (404). Both reads share one budget.
@@ -267,35 +179,26 @@ impl Lookup {
             },
         );
         span.end();
-        self.metrics.lookups.with_label_values(&["s3"]).inc();
+        self.metrics.cache.answered(layer::S3);
         let answer = match object {
-            Stored::Nothing => Answer::Missing,
-            Stored::Tombstone => Answer::Gone,
+            Stored::Nothing => Outcome::Missing,
+            Stored::Tombstone => Outcome::Gone,
             Stored::Blob(o) => match target_of(&o.metadata, &o.body) {
                 Some(t) => {
-                    self.fill_memcached(slug, &t);
-                    Answer::Found(Arc::new(t))
+                    if let Some(mc) = &self.memcached {
+                        mc.fill(slug, &t);
+                    }
+                    Outcome::Found(Arc::new(t))
                 }
                 None => {
                     self.metrics.malformed.inc();
                     tracing::warn!(slug = %slug, "malformed blob in S3; treated as missing");
-                    Answer::Missing
+                    Outcome::Missing
                 }
             },
         };
         self.stale.insert(slug.to_string(), answer.clone()).await;
         Ok(answer)
-    }
-
-    fn fill_memcached(&self, slug: &str, t: &Target) {
-        let Some(mc) = &self.memcached else { return };
-        let metrics = self.metrics.clone();
-        mc.fill_json_in_background(
-            self.mc_key(slug),
-            t,
-            self.settings.memcached_ttl_s,
-            move |e| metrics.memcached_failed(e),
-        );
     }
 }
 

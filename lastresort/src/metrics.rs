@@ -9,14 +9,15 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by status code.
     pub requests: IntCounterVec,
-    /// Lookups by the layer that answered: local, memcached, s3, stale.
-    pub lookups: IntCounterVec,
+    /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
+    /// cache layers count them).
+    pub cache: zlink_redirect::cache::CacheMetrics,
     /// S3 GetObject latency, seconds.
     pub s3_seconds: Histogram,
     pub s3_errors: IntCounter,
     /// Objects that were not exactly what the replicator writes (treated as missing).
     pub malformed: IntCounter,
-    pub memcached_errors: IntCounterVec,
+
     /// Rung-3 clicks ingested from the nginx click log, and lines refused as malformed.
     pub nginx_clicks_ingested: IntCounter,
     pub nginx_clicks_malformed: IntCounter,
@@ -94,11 +95,13 @@ impl Metrics {
             breakers,
             registry,
             requests,
-            lookups,
+            cache: zlink_redirect::cache::CacheMetrics {
+                lookups,
+                memcached_errors,
+            },
             s3_seconds,
             s3_errors,
             malformed,
-            memcached_errors,
             nginx_clicks_ingested,
             nginx_clicks_malformed,
             clicks,
@@ -112,11 +115,6 @@ impl Metrics {
         self.per_slug
             .get_with_by_ref(slug, || Arc::new(AtomicU64::new(0)))
             .fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Counts a failed memcached operation by its kind.
-    pub fn memcached_failed(&self, e: &zlink_clients::memcache::McError) {
-        self.memcached_errors.with_label_values(&[e.kind()]).inc();
     }
 
     pub fn render(&self) -> Vec<u8> {

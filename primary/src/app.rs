@@ -11,26 +11,16 @@ use crate::memcache::Memcache;
 use crate::metrics::Metrics;
 use crate::store::Store;
 use http::{HeaderValue, Request};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::breaker::Breaker;
 use zlink_clients::clock::Clock;
+use zlink_redirect::cache::Memcached;
 use zlink_store::clicks::ClickStore;
 use zlink_wire::slug::SlugCodec;
 
-/// The TCP peer, for the client-IP of click events.
-#[derive(Clone, Copy)]
-pub struct Peer(pub SocketAddr);
-
-impl Peer {
-    /// The TCP peer's address of `req` (0.0.0.0 if the accept loop recorded none).
-    pub fn ip_of<B>(req: &Request<B>) -> std::net::IpAddr {
-        req.extensions()
-            .get::<Peer>()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.0.ip())
-    }
-}
+pub use zlink_redirect::Peer;
 
 /// Request-time settings derived from the validated config.
 pub struct Settings {
@@ -96,7 +86,7 @@ impl AppState {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Self>, String> {
         let memcached = cfg.memcached_addr().map(|addr| {
-            Arc::new(
+            let client = Arc::new(
                 Memcache::new(
                     addr,
                     cfg.memcached_pool,
@@ -108,6 +98,14 @@ impl AppState {
                     ),
                 )
                 .with_write_timeout(Duration::from_millis(cfg.memcached_write_timeout_ms)),
+            );
+            // Keys prefixed by keyspace: deployments (and test keyspaces) sharing a memcached
+            // never see each other's entries.
+            Memcached::new(
+                client,
+                format!("zl:{}:", cfg.store.keyspace),
+                cfg.memcached_ttl_s,
+                metrics.cache.clone(),
             )
         });
         let cache = RedirectCache::new(
@@ -115,8 +113,6 @@ impl AppState {
                 local_bytes: cfg.local_cache_bytes,
                 found_ttl: Duration::from_millis(cfg.local_cache_ttl_ms),
                 missing_ttl: Duration::from_millis(cfg.negative_cache_ttl_ms),
-                memcached_ttl_s: cfg.memcached_ttl_s,
-                memcached_prefix: format!("zl:{}:", cfg.store.keyspace),
             },
             memcached,
             store.clone(),

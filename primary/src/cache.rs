@@ -1,21 +1,22 @@
 //! Redirect lookup: in-process cache → memcached → ScyllaDB.
 //!
-//! The in-process cache (moka) is bounded by bytes and expires found links after a short TTL and
-//! missing slugs after an even shorter one (negative caching). Concurrent misses for one slug
-//! share one load (`or_try_insert_with` coalesces), so a cold slug costs one memcached lookup and
-//! at most one store read per instance, however many requests arrive at once. memcached
-//! failures are counted and skipped, never returned: the store answers instead.
+//! The layers are the redirect kit's ([`zlink_redirect::cache`], the same as lastresort's): the
+//! in-process cache is bounded by bytes, expires found links after a short TTL and missing slugs
+//! after an even shorter one, and coalesces concurrent misses for one slug into one load, so a
+//! cold slug costs one memcached get and at most one store read per instance. memcached
+//! failures are counted and skipped, never returned: the store answers instead. This module
+//! adds what only primary has: the store read, and writing a change through to memcached.
 
-use crate::memcache::Memcache;
 use crate::metrics::Metrics;
 use crate::store::Store;
-use moka::future::Cache;
-use moka::Expiry;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use zlink_clients::backoff::Backoff;
 use zlink_clients::trace::Span;
+use zlink_redirect::cache::{LayerCell, LocalCache, Memcached, Trusted};
+use zlink_redirect::decide::{is_servable, Answer, View};
+use zlink_redirect::layer;
 use zlink_store::{Link, StoreError};
 use zlink_wire::LinkStatus;
 
@@ -47,9 +48,13 @@ impl CachedLink {
     /// it): it is used only if it is what this service would have written — a URL that is its
     /// own normalised form (so a valid `Location`), an allowed redirect code, a real version.
     pub fn is_valid(&self) -> bool {
-        zlink_wire::link::is_redirect_code(self.code)
-            && self.ver >= 1
-            && zlink_wire::longurl::normalize(&self.url).is_ok_and(|n| n == self.url)
+        self.ver >= 1 && is_servable(&self.url, self.code)
+    }
+}
+
+impl Trusted for CachedLink {
+    fn is_valid(&self) -> bool {
+        CachedLink::is_valid(self)
     }
 }
 
@@ -59,35 +64,18 @@ pub enum Lookup {
     Missing,
 }
 
-/// Which layer answered a lookup (the `cache_layer` of redirect spans and logs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layer {
-    Local = 0,
-    Memcached = 1,
-    Store = 2,
-}
-
-impl Layer {
-    pub fn label(self) -> &'static str {
+impl Answer for Lookup {
+    /// A link that is not active is gone; expiry is the decider's (it holds the clock).
+    fn view(&self) -> View<'_> {
         match self {
-            Layer::Local => zlink_clients::trace::LAYER_LOCAL,
-            Layer::Memcached => zlink_clients::trace::LAYER_MEMCACHED,
-            Layer::Store => "store",
+            Lookup::Found(l) if l.status == LinkStatus::Active => View::Redirect {
+                url: &l.url,
+                code: l.code,
+                exp: l.exp,
+            },
+            Lookup::Found(_) => View::Gone,
+            Lookup::Missing => View::Missing,
         }
-    }
-}
-
-struct TtlByKind {
-    found: Duration,
-    missing: Duration,
-}
-
-impl Expiry<String, Lookup> for TtlByKind {
-    fn expire_after_create(&self, _: &String, value: &Lookup, _: Instant) -> Option<Duration> {
-        Some(match value {
-            Lookup::Found(_) => self.found,
-            Lookup::Missing => self.missing,
-        })
     }
 }
 
@@ -95,102 +83,55 @@ pub struct CacheSettings {
     pub local_bytes: u64,
     pub found_ttl: Duration,
     pub missing_ttl: Duration,
-    pub memcached_ttl_s: u32,
-    /// Prefix of every memcached key, so deployments (and test keyspaces) sharing a memcached
-    /// never see each other's entries.
-    pub memcached_prefix: String,
 }
 
 pub struct RedirectCache {
-    local: Cache<String, Lookup>,
-    memcached: Option<Arc<Memcache>>,
+    local: LocalCache<Lookup>,
+    memcached: Option<Memcached>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
-    settings: CacheSettings,
 }
 
 impl RedirectCache {
     pub fn new(
         settings: CacheSettings,
-        memcached: Option<Arc<Memcache>>,
+        memcached: Option<Memcached>,
         store: Arc<Store>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let local = Cache::builder()
-            .max_capacity(settings.local_bytes)
-            .weigher(|k: &String, v: &Lookup| {
-                let v_len = match v {
-                    Lookup::Found(l) => l.url.len(),
-                    Lookup::Missing => 0,
-                };
-                u32::try_from(k.len() + v_len + 96).unwrap_or(u32::MAX)
-            })
-            .expire_after(TtlByKind {
-                found: settings.found_ttl,
-                missing: settings.missing_ttl,
-            })
-            .build();
+        let local = LocalCache::new(
+            settings.local_bytes,
+            settings.found_ttl,
+            settings.missing_ttl,
+            metrics.cache.clone(),
+        );
         Self {
             local,
             memcached,
             store,
             metrics,
-            settings,
         }
     }
 
-    fn mc_key(&self, slug: &str) -> String {
-        format!("{}{slug}", self.settings.memcached_prefix)
+    /// Resolves a (syntactically valid) slug, and the layer that answered. Errors only when
+    /// the store itself failed.
+    pub async fn resolve(&self, slug: &str) -> Result<(Lookup, &'static str), StoreError> {
+        let cell = LayerCell::default();
+        self.local
+            .get_or_load(slug, &cell, self.load(slug, &cell))
+            .await
+            .map_err(|shared| (*shared).clone())
     }
 
-    /// Resolves a (syntactically valid) slug. Errors only when the store itself failed.
-    pub async fn resolve(&self, slug: &str) -> Result<(Lookup, Layer), StoreError> {
-        // Set by the load below if this call ran it (concurrent callers share one load and
-        // count as local hits).
-        let layer = AtomicU8::new(Layer::Local as u8);
-        let entry = self
-            .local
-            .entry_by_ref(slug)
-            .or_try_insert_with(self.load(slug, &layer))
-            .await;
-        match entry {
-            Ok(e) => {
-                if !e.is_fresh() {
-                    self.metrics.lookups.with_label_values(&["local"]).inc();
-                }
-                let layer = match layer.load(Ordering::Relaxed) {
-                    1 => Layer::Memcached,
-                    2 => Layer::Store,
-                    _ => Layer::Local,
-                };
-                Ok((e.into_value(), layer))
-            }
-            Err(shared) => Err((*shared).clone()),
-        }
-    }
-
-    async fn load(&self, slug: &str, layer: &AtomicU8) -> Result<Lookup, StoreError> {
+    async fn load(&self, slug: &str, cell: &LayerCell) -> Result<Lookup, StoreError> {
         if let Some(mc) = &self.memcached {
-            match mc.get_json::<CachedLink>(&self.mc_key(slug)).await {
-                Ok(Some(link)) if link.is_valid() => {
-                    self.metrics.lookups.with_label_values(&["memcached"]).inc();
-                    layer.store(Layer::Memcached as u8, Ordering::Relaxed);
-                    return Ok(Lookup::Found(Arc::new(link)));
-                }
-                // Not a value of ours: a miss; the store's answer below overwrites it.
-                Ok(Some(_)) => {
-                    self.metrics
-                        .memcached_errors
-                        .with_label_values(&["invalid_value"])
-                        .inc();
-                    tracing::warn!(slug = ?slug, "memcached value failed validation; read the store");
-                }
-                Ok(None) => {}
-                Err(e) => self.metrics.memcached_failed(&e),
+            if let Some(link) = mc.get::<CachedLink>(slug).await {
+                cell.set(layer::MEMCACHED);
+                return Ok(Lookup::Found(Arc::new(link)));
             }
         }
         self.metrics.store_reads.inc();
-        layer.store(Layer::Store as u8, Ordering::Relaxed);
+        cell.set(layer::STORE);
         let mut span = Span::in_current("scylla.select");
         span.set("table", "links");
         let link = self.store.links.get(slug).await.inspect_err(|e| {
@@ -202,28 +143,18 @@ impl RedirectCache {
         })?;
         span.set("rows_returned", i64::from(link.is_some()));
         span.end();
-        self.metrics.lookups.with_label_values(&["store"]).inc();
+        self.metrics.cache.answered(layer::STORE);
         match link {
             Some(link) => {
                 let cached = Arc::new(CachedLink::from(&link));
-                self.fill_memcached(slug, &cached);
+                if let Some(mc) = &self.memcached {
+                    mc.fill(slug, &*cached);
+                }
                 Ok(Lookup::Found(cached))
             }
             // Missing slugs are cached only in-process: a memcached entry would outlive a create.
             None => Ok(Lookup::Missing),
         }
-    }
-
-    /// Writes back to memcached in the background; the redirect never waits for it.
-    fn fill_memcached(&self, slug: &str, link: &CachedLink) {
-        let Some(mc) = &self.memcached else { return };
-        let metrics = self.metrics.clone();
-        mc.fill_json_in_background(
-            self.mc_key(slug),
-            link,
-            self.settings.memcached_ttl_s,
-            move |e| metrics.memcached_failed(e),
-        );
     }
 
     /// Forgets a slug in this instance only (a create: memcached never holds "missing").
@@ -241,28 +172,27 @@ impl RedirectCache {
     /// one retry.
     pub async fn changed(&self, slug: &str, link: &CachedLink) {
         self.local.invalidate(slug).await;
-        let Some(mc) = &self.memcached else { return };
-        let key = self.mc_key(slug);
-        let Err(e) = mc.set_json(&key, link, self.settings.memcached_ttl_s).await else {
+        let Some(layer) = &self.memcached else { return };
+        let (mc, metrics, key) = (layer.client(), layer.metrics(), layer.key(slug));
+        let Err(e) = mc.set_json(&key, link, layer.ttl_s()).await else {
             return;
         };
-        self.metrics.memcached_failed(&e);
+        metrics.memcached_failed(&e);
         // Not written: take the old value out before answering, if memcached lets us.
         let Err(e) = mc.delete(&key).await else {
             return;
         };
-        self.metrics.memcached_failed(&e);
+        metrics.memcached_failed(&e);
         tracing::warn!(slug = ?slug, error = %e, "memcached not updated after a change; deleting in the background");
-        let (mc, metrics) = (mc.clone(), self.metrics.clone());
+        let (mc, metrics) = (mc.clone(), metrics.clone());
         tokio::spawn(async move {
-            let mut wait = Duration::from_millis(100);
+            let mut wait = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
             for _ in 0..60 {
-                tokio::time::sleep(wait).await;
+                tokio::time::sleep(wait.next_delay()).await;
                 match mc.delete(&key).await {
                     Ok(()) => return,
                     Err(e) => metrics.memcached_failed(&e),
                 }
-                wait = (wait * 2).min(Duration::from_secs(2));
             }
             tracing::error!(key = ?key, "gave up deleting a changed link from memcached; it expires with its TTL");
         });

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use zlink_clients::backoff::Backoff;
 use zlink_clients::kafka;
 use zlink_clients::kafka::is_topic_name;
 use zlink_clients::now_ms;
@@ -389,7 +390,7 @@ impl Counter {
         shutdown: &CancellationToken,
     ) -> bool {
         let ttl_s = i32::try_from(u64::from(self.cfg.dedup_days) * 86_400).unwrap_or(i32::MAX);
-        let mut backoff = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let started = Instant::now();
             match self.clicks.count(slug, day, events, ttl_s).await {
@@ -433,9 +434,8 @@ impl Counter {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
 }

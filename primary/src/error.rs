@@ -1,13 +1,17 @@
-//! API errors: who is at fault, and the one mapping to HTTP status and JSON body.
+//! API errors: who is at fault, and the one mapping to HTTP status and error code. The body
+//! is rendered by the redirect kit ([`zlink_redirect::error::render`]), like every error either
+//! tier sends; the errors a redirect shares with lastresort carry the kit's messages
+//! ([`Reject`]).
 
-use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
+use http::{header, HeaderValue, StatusCode};
 use thiserror::Error;
+use zlink_redirect::Reject;
 use zlink_store::StoreError;
 
+/// A JSON response that no cache keeps.
+pub use zlink_redirect::error::json as json_response;
 /// Every response primary sends.
-pub type Resp = Response<Full<Bytes>>;
+pub use zlink_redirect::Resp;
 
 #[derive(Debug, Error)]
 pub enum ApiError {
@@ -22,9 +26,9 @@ pub enum ApiError {
     Forbidden,
     #[error("{1}")]
     ForbiddenBecause(&'static str, String),
-    #[error("not found")]
+    #[error("{}", Reject::NotFound)]
     NotFound,
-    #[error("this link has been disabled or has expired")]
+    #[error("{}", Reject::Gone)]
     Gone,
     #[error("{1}")]
     Conflict(&'static str, String),
@@ -32,40 +36,55 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
-    #[error("method not allowed")]
+    #[error("{}", Reject::MethodNotAllowed(""))]
     MethodNotAllowed(&'static str),
     #[error("too many requests; retry after {0} s")]
     RateLimited(u64),
     // A dependency's fault: a retry later may help.
-    #[error("a dependency is unavailable, retry later")]
+    #[error("{}", Reject::Unavailable)]
     Unavailable(#[source] StoreError),
-    #[error("request timed out")]
+    #[error("{}", Reject::Timeout)]
     Timeout,
     // Ours.
-    #[error("internal error")]
+    #[error("{}", Reject::Internal)]
     Internal(String),
 }
 
 impl ApiError {
+    /// The errors a redirect shares with lastresort: the kit's status, code and message.
+    fn shared(&self) -> Option<Reject> {
+        Some(match self {
+            ApiError::NotFound => Reject::NotFound,
+            ApiError::Gone => Reject::Gone,
+            ApiError::MethodNotAllowed(allow) => Reject::MethodNotAllowed(allow),
+            ApiError::Unavailable(_) => Reject::Unavailable,
+            ApiError::Timeout => Reject::Timeout,
+            ApiError::Internal(_) => Reject::Internal,
+            _ => return None,
+        })
+    }
+
     pub fn status(&self) -> StatusCode {
+        if let Some(r) = self.shared() {
+            return r.status();
+        }
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Invalid(..) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden | ApiError::ForbiddenBecause(..) => StatusCode::FORBIDDEN,
-            ApiError::NotFound => StatusCode::NOT_FOUND,
-            ApiError::Gone => StatusCode::GONE,
             ApiError::Conflict(..) => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     pub fn code(&self) -> &'static str {
+        if let Some(r) = self.shared() {
+            return r.code();
+        }
         match self {
             ApiError::BadRequest(_) => "bad_request",
             ApiError::Invalid(code, _)
@@ -73,33 +92,38 @@ impl ApiError {
             | ApiError::ForbiddenBecause(code, _) => code,
             ApiError::Unauthorized => "unauthorized",
             ApiError::Forbidden => "forbidden",
-            ApiError::NotFound => "not_found",
-            ApiError::Gone => "gone",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::RateLimited(_) => "rate_limited",
-            ApiError::Unavailable(_) => "unavailable",
-            ApiError::Timeout => "timeout",
-            ApiError::Internal(_) => "internal",
+            _ => "internal",
         }
     }
 
-    /// `{"error": {"code": ..., "message": ...}}`; internal details stay in the logs.
-    pub fn into_response(self) -> Response<Full<Bytes>> {
-        match &self {
+    /// Internal details and dependency failures go to the log, never the response.
+    fn log(&self) {
+        match self {
             ApiError::Internal(detail) => tracing::error!(detail = ?detail, "internal error"),
             // An open circuit answers thousands of requests a second: its opening was logged.
             ApiError::Unavailable(StoreError::CircuitOpen) => {}
             ApiError::Unavailable(e) => tracing::warn!(error = %e, "dependency unavailable"),
             _ => {}
         }
-        let body = serde_json::json!({"error": {"code": self.code(), "message": self.to_string()}});
-        let mut resp = json_response(self.status(), &body);
-        if let ApiError::MethodNotAllowed(allow) = self {
-            resp.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
+
+    /// The redirect path's view of this error (logged here). API-only errors cannot happen
+    /// there; they would be internal errors.
+    pub fn reject(self) -> Reject {
+        self.log();
+        self.shared().unwrap_or(Reject::Internal)
+    }
+
+    /// `{"error": {"code": ..., "message": ...}}` with the status and its headers.
+    pub fn into_response(self) -> Resp {
+        self.log();
+        if let Some(r) = self.shared() {
+            return r.into_response();
         }
+        let mut resp = zlink_redirect::error::render(self.status(), self.code(), &self.to_string());
         if let ApiError::RateLimited(secs) = self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -119,16 +143,4 @@ impl From<StoreError> for ApiError {
             other => ApiError::Unavailable(other),
         }
     }
-}
-
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
 }

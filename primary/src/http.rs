@@ -1,15 +1,10 @@
 //! HTTP plumbing: the route table, the middleware stack, and the accept loop.
 
 use crate::app::AppState;
-use crate::cache::Layer;
-use crate::error::{json_response, ApiError};
+use crate::error::{json_response, ApiError, Resp};
 use crate::{api, keys, redirect, stats};
-use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,9 +16,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceBuilder};
 use zlink_clients::trace;
-
-use crate::app::Peer;
-use crate::error::Resp;
+use zlink_redirect::pipeline::traced;
+use zlink_redirect::Peer;
 
 /// Every path primary answers. Parsing is pure; method checks happen in [`dispatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,10 +120,7 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         "api.request"
     };
     let t = trace::RequestTrace::start(name, label, trusted, req.headers());
-    let resp = t.run(std::pin::pin!(route_request(state, req))).await;
-    let layer = resp.extensions().get::<Layer>().map(|l| l.label());
-    t.finish(redirect, slug.as_deref(), layer, resp.status());
-    resp
+    traced(t, redirect, slug.as_deref(), route_request(state, req)).await
 }
 
 async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
@@ -188,12 +179,7 @@ async fn readyz(state: &AppState) -> Resp {
 }
 
 fn metrics(state: &AppState) -> Resp {
-    let mut resp = Response::new(Full::new(Bytes::from(state.metrics.render())));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    resp
+    zlink_redirect::error::metrics_text(state.metrics.render())
 }
 
 /// Middleware: the request deadline (past it: 503 JSON, so nginx can fail over) and the
@@ -262,57 +248,27 @@ where
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
-/// (up to `grace`), and returns.
+/// (up to `grace`), and returns (the redirect kit's accept loop, as lastresort's).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(10))
-        .max_buf_size(64 * 1024)
-        .keep_alive(true);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
+    zlink_redirect::serve::serve(listener, shutdown, grace, || {
         let app = state.clone();
         let svc = ServiceBuilder::new()
             .layer(ObserveLayer {
                 state: state.clone(),
-                deadline: app.settings.request_timeout,
+                deadline: state.settings.request_timeout,
             })
-            .service_fn(move |mut req: Request<Incoming>| {
-                req.extensions_mut().insert(Peer(peer));
+            .service_fn(move |req: Request<Incoming>| {
                 let app = app.clone();
                 async move { Ok::<_, Infallible>(dispatch(app, req).await) }
             });
-        let conn = graceful
-            .watch(http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc)));
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    tracing::info!("shutting down: draining in-flight requests");
-    tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections closed"),
-        _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
-    }
+        TowerToHyperService::new(svc)
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -9,14 +9,13 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// Redirect handling time (lookup through response), seconds.
     pub redirect_seconds: Histogram,
-    /// Redirect lookups answered, by the cache layer that answered: local, memcached, store.
-    pub lookups: IntCounterVec,
+    /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
+    /// cache layers count them).
+    pub cache: zlink_redirect::cache::CacheMetrics,
     /// Link reads that reached the store (what request coalescing bounds).
     pub store_reads: IntCounter,
     /// Store failures by operation.
     pub store_errors: IntCounterVec,
-    /// memcached failures by kind (timeout, io, backoff, protocol, decode).
-    pub memcached_errors: IntCounterVec,
     /// Events handed to the event sink, by topic and kind.
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
@@ -127,21 +126,18 @@ impl Metrics {
             registry,
             requests,
             redirect_seconds,
-            lookups,
+            cache: zlink_redirect::cache::CacheMetrics {
+                lookups,
+                memcached_errors,
+            },
             store_reads,
             store_errors,
-            memcached_errors,
             events,
             publish_errors,
             outbox_backlog,
             outbox_oldest_age,
             rate_limited,
         }
-    }
-
-    /// Counts a failed memcached operation by its kind.
-    pub fn memcached_failed(&self, e: &zlink_clients::memcache::McError) {
-        self.memcached_errors.with_label_values(&[e.kind()]).inc();
     }
 
     /// Prometheus text exposition of every metric.

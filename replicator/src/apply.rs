@@ -5,11 +5,11 @@
 
 use crate::metrics::Metrics;
 use crate::s3::{S3Error, S3Store};
-use rand::Rng;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::backoff::Backoff;
 use zlink_clients::clock::Clock;
 use zlink_clients::trace::Span;
 use zlink_store::replicas::Replicas;
@@ -189,7 +189,7 @@ impl Applier {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
-        let mut delay = BACKOFF_START;
+        let mut delay = Backoff::new(BACKOFF_START, BACKOFF_MAX);
         loop {
             match op().await {
                 Ok(v) => return Ok(v),
@@ -209,14 +209,12 @@ impl Applier {
                             .with_label_values(&["transient"])
                             .inc();
                     }
-                    let half = delay.as_millis() as u64 / 2;
-                    let sleep = Duration::from_millis(half + rand::rng().random_range(0..=half));
+                    let sleep = delay.next_delay();
                     tracing::warn!(what, error = %m, retry_in_ms = sleep.as_millis() as u64, "transient failure");
                     tokio::select! {
                         _ = shutdown.cancelled() => return Err(ApplyError::Cancelled),
                         _ = tokio::time::sleep(sleep) => {}
                     }
-                    delay = (delay * 2).min(BACKOFF_MAX);
                 }
             }
         }

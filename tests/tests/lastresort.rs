@@ -241,7 +241,15 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
         })
         .await
     );
-    assert!(lr.state.metrics.lookups.with_label_values(&["stale"]).get() >= 2);
+    assert!(
+        lr.state
+            .metrics
+            .cache
+            .lookups
+            .with_label_values(&["stale"])
+            .get()
+            >= 2
+    );
 
     // S3 back: the uncached slug resolves.
     s3.up().await;

@@ -617,7 +617,7 @@ async fn redirects_still_answer_when_memcached_stalls_or_dies() {
             let (u, m) = (warm.clone(), metrics.clone());
             async move {
                 get(&u).await.status() == StatusCode::FOUND
-                    && m.lookups.with_label_values(&["memcached"]).get() > 0
+                    && m.cache.lookups.with_label_values(&["memcached"]).get() > 0
             }
         })
         .await,
@@ -637,6 +637,7 @@ async fn redirects_still_answer_when_memcached_stalls_or_dies() {
     }
     assert!(
         metrics
+            .cache
             .memcached_errors
             .with_label_values(&["timeout"])
             .get()

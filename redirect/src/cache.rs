@@ -1,0 +1,225 @@
+//! The cache layers both tiers put in front of their source of truth (primary: ScyllaDB;
+//! lastresort: S3): the process's own cache ([`LocalCache`]) and the shared memcached
+//! ([`Memcached`]), and the metrics they count.
+//!
+//! [`LocalCache`] is bounded by bytes, expires answers by kind (found/gone after a short TTL,
+//! missing after a shorter one: negative caching) and coalesces loads: concurrent misses for
+//! one slug share one load, so a cold slug costs one memcached get and at most one read of the
+//! source per instance however many requests race for it.
+
+use crate::decide::Answer;
+use crate::layer;
+use moka::future::Cache;
+use moka::Expiry;
+use prometheus::IntCounterVec;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use zlink_clients::memcache::{McError, Memcache};
+
+/// The counters the cache layers share with their tier (registered under the tier's names).
+#[derive(Clone)]
+pub struct CacheMetrics {
+    /// Lookups by the layer that answered (`layer`).
+    pub lookups: IntCounterVec,
+    /// memcached failures by kind (`kind`: timeout, io, backoff, protocol, decode,
+    /// invalid_value).
+    pub memcached_errors: IntCounterVec,
+}
+
+impl CacheMetrics {
+    pub fn answered(&self, layer: &'static str) {
+        self.lookups.with_label_values(&[layer]).inc();
+    }
+
+    pub fn memcached_failed(&self, e: &McError) {
+        self.memcached_errors.with_label_values(&[e.kind()]).inc();
+    }
+}
+
+/// Set by a load to the layer that answered it; requests that shared someone else's load (or
+/// found the entry cached) were answered locally.
+#[derive(Default)]
+pub struct LayerCell(OnceLock<&'static str>);
+
+impl LayerCell {
+    pub fn set(&self, layer: &'static str) {
+        let _ = self.0.set(layer);
+    }
+
+    /// The layer the load recorded, else local (the answer was cached or another request's
+    /// load answered it).
+    pub fn get(&self) -> &'static str {
+        self.0.get().copied().unwrap_or(layer::LOCAL)
+    }
+}
+
+struct TtlByKind {
+    found: Duration,
+    missing: Duration,
+}
+
+impl<V: Answer> Expiry<String, V> for TtlByKind {
+    fn expire_after_create(&self, _: &String, v: &V, _: Instant) -> Option<Duration> {
+        Some(if v.is_missing() {
+            self.missing
+        } else {
+            self.found
+        })
+    }
+}
+
+/// A byte-bounded cache of answers; `ttl` of found/gone answers, `missing_ttl` of misses.
+/// `missing_ttl: None` keeps every answer for `ttl` (lastresort's stale cache).
+pub fn answers<V: Answer>(
+    bytes: u64,
+    ttl: Duration,
+    missing_ttl: Option<Duration>,
+) -> Cache<String, V> {
+    let b = Cache::builder()
+        .max_capacity(bytes)
+        .weigher(|k: &String, v: &V| v.weight(k));
+    match missing_ttl {
+        Some(missing) => b
+            .expire_after(TtlByKind {
+                found: ttl,
+                missing,
+            })
+            .build(),
+        None => b.time_to_live(ttl).build(),
+    }
+}
+
+pub struct LocalCache<V: Answer> {
+    cache: Cache<String, V>,
+    metrics: CacheMetrics,
+}
+
+impl<V: Answer> LocalCache<V> {
+    pub fn new(
+        bytes: u64,
+        found_ttl: Duration,
+        missing_ttl: Duration,
+        metrics: CacheMetrics,
+    ) -> Self {
+        LocalCache {
+            cache: answers(bytes, found_ttl, Some(missing_ttl)),
+            metrics,
+        }
+    }
+
+    /// The cached answer, else the answer of `load` (shared with every concurrent caller for
+    /// the same slug), and the layer that answered: `load` records its layer in `cell` (which
+    /// the caller made for this call). A failed load is returned to everyone who waited for it
+    /// and is not cached.
+    pub async fn get_or_load<E>(
+        &self,
+        slug: &str,
+        cell: &LayerCell,
+        load: impl std::future::Future<Output = Result<V, E>>,
+    ) -> Result<(V, &'static str), Arc<E>>
+    where
+        E: Send + Sync + 'static,
+    {
+        let entry = self
+            .cache
+            .entry_by_ref(slug)
+            .or_try_insert_with(load)
+            .await?;
+        if !entry.is_fresh() {
+            self.metrics.answered(layer::LOCAL);
+        }
+        Ok((entry.into_value(), cell.get()))
+    }
+
+    /// Forgets a slug in this instance.
+    pub async fn invalidate(&self, slug: &str) {
+        self.cache.invalidate(slug).await;
+    }
+}
+
+/// A value a tier caches in memcached: untrusted when read back.
+pub trait Trusted: Serialize + DeserializeOwned {
+    /// Only what this tier would have written is used (see [`crate::decide::is_servable`]).
+    fn is_valid(&self) -> bool;
+}
+
+impl Trusted for crate::Target {
+    fn is_valid(&self) -> bool {
+        crate::Target::is_valid(self)
+    }
+}
+
+/// The shared memcached in front of a tier's source of truth. Failures are counted and
+/// skipped, never returned: the next layer answers instead.
+pub struct Memcached {
+    mc: Arc<Memcache>,
+    /// Prefix of every key, so deployments (and test keyspaces) sharing a memcached never see
+    /// each other's entries.
+    prefix: String,
+    ttl_s: u32,
+    metrics: CacheMetrics,
+}
+
+impl Memcached {
+    pub fn new(mc: Arc<Memcache>, prefix: String, ttl_s: u32, metrics: CacheMetrics) -> Self {
+        Memcached {
+            mc,
+            prefix,
+            ttl_s,
+            metrics,
+        }
+    }
+
+    pub fn client(&self) -> &Arc<Memcache> {
+        &self.mc
+    }
+
+    pub fn key(&self, slug: &str) -> String {
+        format!("{}{slug}", self.prefix)
+    }
+
+    pub fn ttl_s(&self) -> u32 {
+        self.ttl_s
+    }
+
+    pub fn metrics(&self) -> &CacheMetrics {
+        &self.metrics
+    }
+
+    /// A valid value (counted as answered by memcached), else `None`: a miss, a failure
+    /// (counted by kind) or a value that failed validation (counted, logged; the next layer's
+    /// answer overwrites it).
+    pub async fn get<V: Trusted>(&self, slug: &str) -> Option<V> {
+        match self.mc.get_json::<V>(&self.key(slug)).await {
+            Ok(Some(v)) if v.is_valid() => {
+                self.metrics.answered(layer::MEMCACHED);
+                Some(v)
+            }
+            Ok(Some(_)) => {
+                self.metrics
+                    .memcached_errors
+                    .with_label_values(&["invalid_value"])
+                    .inc();
+                tracing::warn!(slug = ?slug, "memcached value failed validation; read the next layer");
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.metrics.memcached_failed(&e);
+                None
+            }
+        }
+    }
+
+    /// Fills memcached in the background (`add`: never over a newer value a change wrote);
+    /// the redirect never waits for it.
+    pub fn fill<V: Serialize>(&self, slug: &str, v: &V) {
+        let metrics = self.metrics.clone();
+        self.mc
+            .fill_json_in_background(self.key(slug), v, self.ttl_s, move |e| {
+                metrics.memcached_failed(e)
+            });
+    }
+}

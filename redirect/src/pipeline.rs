@@ -1,0 +1,127 @@
+//! `GET|HEAD /{slug}` as named phases, the same on both tiers:
+//!
+//! 1. **parse**: anything that is not a possible slug is 404 without touching a cache;
+//! 2. **screen**: the tier may refuse early (primary: an auto-shaped slug never issued);
+//! 3. **look up** through the tier's cache layers to its source of truth;
+//! 4. **decide** ([`crate::decide`]): redirect, 404, 410 or 500;
+//! 5. **respond**: status, `Location`, `Cache-Control`, `x-zlink-tier`, or the JSON error;
+//! 6. **emit the click** (GET only, never awaited by the answer beyond an in-memory hand-off):
+//!    its id in `x-zlink-click-id`.
+//!
+//! The whole request runs under the tier's deadline, below the nginx per-try timeout: a 503
+//! from here reaches nginx in time to try the next rung instead of nginx timing out on us.
+
+use crate::decide::{decide, Answer, Decision};
+use crate::{Reject, Resp};
+use bytes::Bytes;
+use http::{header, HeaderValue, Request};
+use http_body_util::Full;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use zlink_clients::clicks;
+use zlink_clients::trace::RequestTrace;
+use zlink_wire::slug;
+
+/// The layer that answered (response extension; the trace's `cache_layer`).
+#[derive(Clone, Copy, Debug)]
+pub struct CacheLayer(pub &'static str);
+
+/// What a tier supplies: its lookup chain, its click sink, its settings.
+pub trait Tier: Send + Sync + 'static {
+    /// `x-zlink-tier` of its redirects.
+    const NAME: &'static str;
+    type Answer: Answer;
+
+    /// Unix milliseconds (expiry is decided with it).
+    fn now_ms(&self) -> i64;
+    /// `Cache-Control` of redirects (the same on every rung).
+    fn cache_control(&self) -> &HeaderValue;
+    /// The whole redirect's deadline, if the tier has one.
+    fn deadline(&self) -> Option<Duration> {
+        None
+    }
+    /// Phase 2: refuse a slug that cannot exist before any lookup.
+    fn screen(&self, _slug: &str) -> impl Future<Output = Result<(), Reject>> + Send {
+        async { Ok(()) }
+    }
+    /// Phase 3: the answer and the layer that gave it ([`crate::layer`]). An error is a
+    /// dependency failure the tier has already logged and counted.
+    fn lookup(
+        &self,
+        slug: &str,
+    ) -> impl Future<Output = Result<(Self::Answer, &'static str), Reject>> + Send;
+    /// Phase 6: hands a click of a redirect to the tier's sink; its id, if it took it.
+    fn click<B>(&self, req: &Request<B>, slug: &str, now_ms: i64) -> Option<uuid::Uuid>;
+    /// After the answer (metrics).
+    fn done(&self, _slug: &str, _resp: &Resp, _elapsed: Duration) {}
+}
+
+/// Answers `GET|HEAD /{slug}`.
+pub async fn redirect<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
+    let started = Instant::now();
+    let resp = match tier.deadline() {
+        Some(d) => tokio::time::timeout(d, phases(tier, req, slug))
+            .await
+            .unwrap_or_else(|_| Reject::Timeout.into_response()),
+        None => phases(tier, req, slug).await,
+    };
+    tier.done(slug, &resp, started.elapsed());
+    resp
+}
+
+async fn phases<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
+    if !slug::is_valid_slug(slug) {
+        return Reject::NotFound.into_response();
+    }
+    if let Err(r) = tier.screen(slug).await {
+        return r.into_response();
+    }
+    let (answer, layer) = match tier.lookup(slug).await {
+        Ok(found) => found,
+        Err(r) => return r.into_response(),
+    };
+    let now = tier.now_ms();
+    let decision = decide(answer.view(), now);
+    if decision == Decision::Reject(Reject::Internal) {
+        tracing::error!(slug = ?slug, "stored link has an unusable url or code");
+    }
+    let mut resp = respond(decision, T::NAME, tier.cache_control());
+    resp.extensions_mut().insert(CacheLayer(layer));
+    if resp.status().is_redirection() && clicks::is_click(req.method()) {
+        if let Some(id) = tier.click(req, slug, now) {
+            resp.headers_mut()
+                .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+        }
+    }
+    resp
+}
+
+/// Phase 5: the response of a decision.
+pub fn respond(decision: Decision, tier: &'static str, cache_control: &HeaderValue) -> Resp {
+    match decision {
+        Decision::Reject(r) => r.into_response(),
+        Decision::Redirect { code, location } => {
+            let mut resp = Resp::new(Full::new(Bytes::new()));
+            *resp.status_mut() = code;
+            let h = resp.headers_mut();
+            h.insert(header::LOCATION, location);
+            h.insert(header::CACHE_CONTROL, cache_control.clone());
+            h.insert("x-zlink-tier", HeaderValue::from_static(tier));
+            resp
+        }
+    }
+}
+
+/// Runs a request's handler under its trace and ends the trace with the response's status and
+/// cache layer (see [`RequestTrace`]).
+pub async fn traced(
+    trace: RequestTrace,
+    redirect: bool,
+    slug: Option<&str>,
+    handler: impl Future<Output = Resp>,
+) -> Resp {
+    let resp = trace.run(std::pin::pin!(handler)).await;
+    let layer = resp.extensions().get::<CacheLayer>().map(|l| l.0);
+    trace.finish(redirect, slug, layer, resp.status());
+    resp
+}
