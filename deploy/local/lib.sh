@@ -356,7 +356,7 @@ zl_render_nginx() {
         servers+="        server $(zl_addr "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
       backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
-      python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
+      "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
         "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
         "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-frontend-status)" \
         "${overrides[@]}" >&2 || return 1
@@ -366,7 +366,7 @@ zl_render_nginx() {
       for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
         servers+="        server $(zl_addr "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
-      python3 "$ZLINK_ROOT/deploy/local/nginx-render" "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
+      "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
         "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
@@ -496,7 +496,7 @@ YML
 zl_ready_alertmanager() { curl -sf -m 2 "http://127.0.0.1:$(zl_port alertmanager)/-/ready" >/dev/null; }
 ZL_TIMEOUT_alertmanager=30
 zl_start_alert_receiver() {
-  zl_spawn alert-receiver python3 "$ZLINK_ROOT/deploy/local/alert-receiver.py" \
+  zl_spawn alert-receiver "$(zl_bin zlink-xtask)" alert-receiver \
     "$(zl_port alert-receiver)" "$(zl_alerts_file)"
 }
 zl_ready_alert_receiver() { curl -sf -m 2 "http://127.0.0.1:$(zl_port alert-receiver)/" >/dev/null; }

@@ -39,7 +39,7 @@ pub fn lastresort_host_values(
     ]
 }
 
-/// An nginx of the test's own, from a template in `nginx/` rendered by deploy/local/nginx-render
+/// An nginx of the test's own, from a template in `nginx/` rendered by `zlink_xtask::nginx`
 /// (the same renderer `up` uses) and checked with `nginx -t` before it starts.
 pub struct OwnNginx {
     pub base: String,
@@ -69,34 +69,21 @@ pub fn render_nginx(
         std::fs::create_dir_all(dir.join(t)).unwrap();
     }
     let out = dir.join(template);
-    let mut args = vec![
-        repo_root()
-            .join("deploy/local/nginx-render")
-            .display()
-            .to_string(),
-        repo_root()
-            .join("nginx")
-            .join(template)
-            .display()
-            .to_string(),
-        out.display().to_string(),
-        format!("RUN={}", dir.display()),
-        format!("LOGS={}", logs.display()),
-        format!("LISTEN=127.0.0.1:{port}"),
+    let mut all = vec![
+        ("RUN".to_string(), dir.display().to_string()),
+        ("LOGS".to_string(), logs.display().to_string()),
+        ("LISTEN".to_string(), format!("127.0.0.1:{port}")),
     ];
     // 127.0.0.1 is the exempt load generator, as in the local topology, unless the test says.
     if !values.iter().any(|(k, _)| *k == "RATE_LIMIT_EXEMPT") {
-        args.push("RATE_LIMIT_EXEMPT=127.0.0.1".into());
+        all.push(("RATE_LIMIT_EXEMPT".into(), "127.0.0.1".into()));
     }
     if !values.iter().any(|(k, _)| *k == "STATUS_LISTEN") {
-        args.push(format!("STATUS_LISTEN=127.0.0.1:{}", free_port()));
+        all.push(("STATUS_LISTEN".into(), format!("127.0.0.1:{}", free_port())));
     }
-    args.extend(values.iter().map(|(k, v)| format!("{k}={v}")));
-    let ok = std::process::Command::new("python3")
-        .args(&args)
-        .status()
-        .expect("python3");
-    assert!(ok.success(), "rendering {template}");
+    all.extend(values.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    zlink_xtask::nginx::render_to(&repo_root().join("nginx").join(template), &out, &all)
+        .unwrap_or_else(|e| panic!("rendering {template}: {e:#}"));
     let t = std::process::Command::new(nginx_bin())
         .args(["-t", "-q", "-p"])
         .arg(dir)

@@ -1,0 +1,411 @@
+//! One tier's click pipeline: the spool every redirect appends its click to, the replayer
+//! that ships the spool to Kafka `clicks` (produce a batch, wait for every acknowledgement,
+//! then commit the spool position), and their metrics.
+
+use super::*;
+
+/// Click metrics, registered into the service's registry (so under its prefix).
+#[derive(Clone)]
+pub struct ClickMetrics {
+    pub spooled: IntCounter,
+    pub refused: IntCounterVec,
+    pub pending: IntGauge,
+    pub disk_bytes: IntGauge,
+    pub cut_bytes: IntCounter,
+    pub io_errors: IntGauge,
+    pub corrupt_skipped: IntGauge,
+    pub replayed: IntCounter,
+    pub replay_failures: IntCounter,
+    /// Age of the oldest click not yet acknowledged by Kafka (0 when none is pending).
+    pub oldest_age: prometheus::Gauge,
+    /// Click time of the record at the head of the replayer's current batch; 0: none.
+    head_at_ms: Arc<AtomicI64>,
+}
+
+impl ClickMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = ClickMetrics {
+            spooled: IntCounter::new("clicks_spooled_total", "Click events appended to the spool")?,
+            refused: IntCounterVec::new(
+                Opts::new(
+                    "clicks_refused_total",
+                    "Click events the spool refused (full, io, closed)",
+                ),
+                &["reason"],
+            )?,
+            pending: IntGauge::new(
+                "spool_pending_records",
+                "Spooled click events not yet acknowledged by Kafka (spool depth)",
+            )?,
+            disk_bytes: IntGauge::new("spool_disk_bytes", "Bytes of spool segment files")?,
+            cut_bytes: IntCounter::new(
+                "spool_cut_bytes_total",
+                "Torn or corrupt spool bytes cut off at start",
+            )?,
+            io_errors: IntGauge::new(
+                "spool_io_errors",
+                "Failed spool writes and fsyncs since start",
+            )?,
+            corrupt_skipped: IntGauge::new(
+                "spool_corrupt_skipped",
+                "Spool records that became unreadable after start and were skipped",
+            )?,
+            replayed: IntCounter::new(
+                "clicks_replayed_total",
+                "Click events acknowledged by Kafka (re-sends included)",
+            )?,
+            replay_failures: IntCounter::new(
+                "clicks_replay_failures_total",
+                "Batches Kafka did not acknowledge (resent after backoff)",
+            )?,
+            oldest_age: prometheus::Gauge::new(
+                "spool_oldest_age_seconds",
+                "Age of the oldest spooled click not yet acknowledged by Kafka (0: none pending)",
+            )?,
+            head_at_ms: Arc::new(AtomicI64::new(0)),
+        };
+        registry.register(Box::new(m.spooled.clone()))?;
+        registry.register(Box::new(m.refused.clone()))?;
+        registry.register(Box::new(m.pending.clone()))?;
+        registry.register(Box::new(m.disk_bytes.clone()))?;
+        registry.register(Box::new(m.cut_bytes.clone()))?;
+        registry.register(Box::new(m.io_errors.clone()))?;
+        registry.register(Box::new(m.corrupt_skipped.clone()))?;
+        registry.register(Box::new(m.replayed.clone()))?;
+        registry.register(Box::new(m.replay_failures.clone()))?;
+        registry.register(Box::new(m.oldest_age.clone()))?;
+        Ok(m)
+    }
+
+    fn observe(&self, spool: &Spool) {
+        let s = spool.stats();
+        self.pending.set(s.pending as i64);
+        self.disk_bytes.set(s.disk_bytes as i64);
+        self.io_errors.set(s.io_errors as i64);
+        self.corrupt_skipped.set(s.corrupt_skipped as i64);
+        let head = self.head_at_ms.load(Ordering::Relaxed);
+        let age_ms = if s.pending == 0 || head == 0 {
+            0
+        } else {
+            (now_ms() - head).max(0)
+        };
+        self.oldest_age.set(age_ms as f64 / 1000.0);
+    }
+
+    /// Notes the click time of the oldest record the replayer holds (`None`: nothing pending).
+    fn head(&self, rec: Option<&[u8]>) {
+        let at = rec.and_then(unframe).and_then(|f| {
+            f.at_ms.or_else(|| {
+                serde_json::from_slice::<ClickEvent>(f.value)
+                    .ok()
+                    .map(|e| e.at_ms)
+            })
+        });
+        self.head_at_ms.store(at.unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// One tier's click pipeline: the spool it appends to and the replayer that empties it.
+pub struct Clicks {
+    tier: Tier,
+    salt: String,
+    trusted: TrustedProxies,
+    spool: Arc<Spool>,
+    metrics: ClickMetrics,
+    stop: CancellationToken,
+    replayer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Clicks {
+    /// Opens the spool (cutting off any torn tail) and starts the replayer to `brokers`.
+    pub fn start(
+        args: &ClickArgs,
+        brokers: &str,
+        tier: Tier,
+        instance: &str,
+        metrics: ClickMetrics,
+    ) -> Result<Arc<Clicks>, String> {
+        args.validate()?;
+        let cfg = args.spool_config();
+        let (spool, reader, recovery) = Spool::open(cfg.clone())
+            .map_err(|e| format!("opening spool {}: {e}", cfg.dir.display()))?;
+        // Each cut was logged per segment by the spool; this is the summary.
+        tracing::info!(dir = %cfg.dir.display(), pending = recovery.pending,
+            cut_bytes = recovery.cut_bytes, cut_segments = recovery.cut_segments, "click spool open");
+        metrics.cut_bytes.inc_by(recovery.cut_bytes);
+        metrics.observe(&spool);
+        let producer: FutureProducer =
+            crate::kafka::producer(brokers, &format!("zlink-{instance}-clicks"))
+                .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
+                .set("linger.ms", "5")
+                .create()
+                .map_err(|e| format!("creating the clicks producer: {e}"))?;
+        let stop = CancellationToken::new();
+        let replayer = tokio::spawn(replay(
+            reader,
+            spool.clone(),
+            producer,
+            args.clicks_topic.clone(),
+            metrics.clone(),
+            stop.clone(),
+        ));
+        Ok(Arc::new(Clicks {
+            tier,
+            salt: args.ip_hash_salt.0.clone(),
+            trusted: args.trusted_proxies.clone(),
+            spool,
+            metrics,
+            stop,
+            replayer: Mutex::new(Some(replayer)),
+        }))
+    }
+
+    /// Records the click of one redirect; returns its event id, or `None` if the spool refused
+    /// it (counted). Returns once the event is in the spool file: one `write(2)` to the page
+    /// cache on the caller's thread (about 2 µs here); never waits on Kafka or fsync.
+    pub fn record(
+        &self,
+        slug: &str,
+        now_ms: i64,
+        peer: IpAddr,
+        headers: &HeaderMap,
+        trace: Option<&TraceContext>,
+    ) -> Option<Uuid> {
+        let origin = self.trusted.origin(peer, headers, now_ms);
+        let ev = event(self.tier, &self.salt, slug, &origin, headers);
+        self.spool_event(&ev, trace).then_some(ev.id)
+    }
+
+    /// Appends an event built elsewhere (primary builds its own) under the redirect's trace;
+    /// false if refused (counted). Only a sampled trace travels on (the replayer sends it as
+    /// the message's `traceparent`): a header on every click message cost more per redirect
+    /// than everything else tracing does, and nothing downstream logs unsampled clicks.
+    pub fn spool_event(&self, ev: &ClickEvent, trace: Option<&TraceContext>) -> bool {
+        let r = self.spool.append(&frame(ev, trace.filter(|t| t.sampled)));
+        self.count(r)
+    }
+
+    fn count(&self, r: Result<(), AppendError>) -> bool {
+        match r {
+            Ok(()) => {
+                self.metrics.spooled.inc();
+                true
+            }
+            Err(e) => {
+                let reason = match e {
+                    AppendError::Full => "full",
+                    AppendError::Closed => "closed",
+                    AppendError::Size => "size",
+                    AppendError::Io(_) => "io",
+                };
+                self.metrics.refused.with_label_values(&[reason]).inc();
+                false
+            }
+        }
+    }
+
+    /// Appends `events` in order and fsyncs them. Returns how many of them — always a prefix —
+    /// are durable in the spool (the rest were refused, counted, and may be offered again).
+    pub fn spool_durably(&self, events: &[ClickEvent]) -> usize {
+        let frames: Vec<Vec<u8>> = events.iter().map(|e| frame(e, None)).collect();
+        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let mut accepted = 0;
+        for r in self.spool.append_batch(&refs) {
+            let ok = r.is_ok();
+            if !self.count(r) {
+                // Keep order: nothing after a refused event counts as durable.
+                break;
+            }
+            accepted += usize::from(ok);
+        }
+        if accepted > 0 && self.spool.sync().is_err() {
+            return 0;
+        }
+        accepted
+    }
+
+    pub fn stats(&self) -> crate::spool::Stats {
+        self.spool.stats()
+    }
+
+    /// Brings the spool gauges up to date (call before rendering metrics).
+    pub fn observe_metrics(&self) {
+        self.metrics.observe(&self.spool);
+    }
+
+    /// Graceful shutdown: refuses new clicks, fsyncs the spool, lets the replayer drain to
+    /// Kafka for up to a few seconds (what is left stays spooled for the next start).
+    pub async fn shutdown(&self) {
+        let spool = self.spool.clone();
+        let _ = tokio::task::spawn_blocking(move || spool.close()).await;
+        self.stop.cancel();
+        let handle = self
+            .replayer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+        self.metrics.observe(&self.spool);
+    }
+}
+
+async fn read_batch(reader: Reader) -> (Reader, std::io::Result<crate::spool::Batch>) {
+    tokio::task::spawn_blocking(move || {
+        let mut reader = reader;
+        let b = reader.read(BATCH_RECORDS, BATCH_BYTES);
+        (reader, b)
+    })
+    .await
+    .expect("spool read does not panic")
+}
+
+async fn commit(reader: Reader, batch: crate::spool::Batch) -> (Reader, std::io::Result<()>) {
+    tokio::task::spawn_blocking(move || {
+        let mut reader = reader;
+        let r = reader.commit(&batch);
+        (reader, r)
+    })
+    .await
+    .expect("spool commit does not panic")
+}
+
+/// Sends every record of the batch and waits for all acknowledgements.
+async fn send_all(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[Vec<u8>],
+) -> Result<(), String> {
+    let mut acks = Vec::with_capacity(records.len());
+    for rec in records {
+        let Some(f) = unframe(rec) else {
+            // Checksummed, so written by us; an unframeable record would be a bug. Skip it
+            // rather than block every click behind it.
+            tracing::error!("click spool: record without a key; skipped");
+            continue;
+        };
+        // The redirect's trace continues here: a `kafka.produce` span (exported if sampled),
+        // and the message's `traceparent` names it as the parent of the consumer's work.
+        let span = f.traceparent.and_then(TraceContext::parse).map(|parent| {
+            let mut s = Span::remote_child("kafka.produce", &parent);
+            s.set("topic", topic.to_string());
+            s
+        });
+        let mut record = FutureRecord::to(topic).key(f.key).payload(f.value);
+        let tp = span.as_ref().map(|s| s.ctx().header());
+        if let Some(tp) = &tp {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: crate::trace::TRACEPARENT,
+                value: Some(tp.as_str()),
+            }));
+        }
+        match producer.send_result(record) {
+            Ok(ack) => acks.push((ack, span)),
+            Err((e, _)) => return Err(e.to_string()),
+        }
+    }
+    for (ack, span) in acks {
+        match ack.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => {
+                if let Some(mut s) = span {
+                    s.fail(&e);
+                }
+                return Err(e.to_string());
+            }
+            Err(_) => return Err("producer dropped the message".into()),
+        }
+    }
+    Ok(())
+}
+
+async fn replay(
+    mut reader: Reader,
+    spool: Arc<Spool>,
+    producer: FutureProducer,
+    topic: String,
+    metrics: ClickMetrics,
+    stop: CancellationToken,
+) {
+    let give_up = {
+        let stop = stop.clone();
+        async move {
+            stop.cancelled().await;
+            tokio::time::sleep(DRAIN_GRACE).await;
+        }
+    };
+    tokio::pin!(give_up);
+    let mut delay =
+        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        metrics.observe(&spool);
+        let stopping = stop.is_cancelled();
+        let batch;
+        (reader, batch) = read_batch(reader).await;
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "click spool: read failed");
+                tokio::select! {
+                    _ = &mut give_up => break,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        metrics.head(batch.records.first().map(Vec::as_slice));
+        if batch.records.is_empty() {
+            if batch.end.is_some() {
+                let r;
+                (reader, r) = commit(reader, batch).await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "click spool: commit failed");
+                }
+            }
+            if stopping {
+                break;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = reader.wait(Duration::from_secs(1)) => {}
+            }
+            // Let a few more clicks arrive: one batch (and one position fsync) per LINGER at
+            // most while traffic is light, full batches back to back while it is heavy.
+            if !stop.is_cancelled() {
+                tokio::time::sleep(LINGER).await;
+            }
+            continue;
+        }
+        let n = batch.records.len() as u64;
+        let sent = tokio::select! {
+            _ = &mut give_up => break,
+            r = send_all(&producer, &topic, &batch.records) => r,
+        };
+        match sent {
+            Ok(()) => {
+                metrics.replayed.inc_by(n);
+                let r;
+                (reader, r) = commit(reader, batch).await;
+                if let Err(e) = r {
+                    // Not committed: the batch is sent again later (same ids).
+                    tracing::error!(error = %e, "click spool: commit failed");
+                    reader.rewind();
+                }
+                delay.reset();
+            }
+            Err(e) => {
+                metrics.replay_failures.inc();
+                reader.rewind();
+                let sleep = delay.next_delay();
+                tracing::warn!(error = %e, pending = spool.stats().pending,
+                    retry_in_ms = sleep.as_millis() as u64, "clicks: Kafka did not take the batch");
+                tokio::select! {
+                    _ = &mut give_up => break,
+                    _ = tokio::time::sleep(sleep) => {}
+                }
+            }
+        }
+    }
+    let _ = producer.flush(Duration::from_secs(1));
+    metrics.observe(&spool);
+}

@@ -1,0 +1,260 @@
+//! Benchmark drivers against the running local topology (endpoints from `endpoints.env`,
+//! exported by the `deploy/local/bench-*` wrappers). Every loop is bounded in count and time;
+//! every result is one `RESULT key=value ...` line.
+
+use anyhow::{bail, Context, Result};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+fn env(name: &str) -> Result<String> {
+    std::env::var(name).with_context(|| format!("${name} not set (run deploy/local/up first)"))
+}
+
+fn client(source: Option<IpAddr>) -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(10))
+        .local_address(source)
+        .build()?)
+}
+
+fn pick(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
+}
+
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn create_one(c: &reqwest::Client, base: &str, key: &str, url: String) -> Result<String> {
+    let r = c
+        .post(format!("{base}/api/v1/links"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "url": url }))
+        .send()
+        .await?;
+    let status = r.status();
+    let body = r.bytes().await?;
+    if status.as_u16() != 201 {
+        bail!(
+            "create failed: {status} {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    v["slug"]
+        .as_str()
+        .map(String::from)
+        .context("no slug in the answer")
+}
+
+/// Creates `n` links on $ZLINK_PRIMARY_1 (16 at a time) and writes their slugs to `out`.
+pub async fn create(n: usize, out: &str) -> Result<()> {
+    let (base, key) = (env("ZLINK_PRIMARY_1")?, env("ZLINK_ADMIN_KEY")?);
+    let c = client(None)?;
+    let run = unix_s();
+    let gate = Arc::new(Semaphore::new(16));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (c, base, key, gate) = (c.clone(), base.clone(), key.clone(), gate.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire_owned().await?;
+            let url = format!("https://example.com/bench/{run}/{i}?q={i}");
+            create_one(&c, &base, &key, url).await
+        }));
+    }
+    let mut slugs = Vec::with_capacity(n);
+    for t in tasks {
+        slugs.push(t.await??);
+    }
+    let took = started.elapsed().as_secs_f64();
+    std::fs::write(out, slugs.join("\n") + "\n")?;
+    println!(
+        "RESULT created={n} seconds={took:.2} creates_per_s={:.0}",
+        n as f64 / took
+    );
+    Ok(())
+}
+
+fn slugs_in(path: &str) -> Result<Vec<String>> {
+    Ok(std::fs::read_to_string(path)?
+        .split_whitespace()
+        .map(String::from)
+        .collect())
+}
+
+/// GETs each slug of `file` once on `base` (one connection), prints p50/p99/max in ms.
+pub async fn cold(base: &str, file: &str) -> Result<()> {
+    let c = client(None)?;
+    let mut lat = Vec::new();
+    for s in slugs_in(file)? {
+        let t = Instant::now();
+        let r = c.get(format!("{base}/{s}")).send().await?;
+        let status = r.status().as_u16();
+        r.bytes().await?;
+        lat.push(t.elapsed().as_secs_f64() * 1000.0);
+        if status != 302 {
+            bail!("cold GET /{s} answered {status}");
+        }
+    }
+    if lat.is_empty() {
+        bail!("no slugs in {file}");
+    }
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "RESULT cold_requests={} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+        lat.len(),
+        pick(&lat, 0.5),
+        pick(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}
+
+/// Waits (at most 120 s) until every slug's blob is readable, unsigned, in S3.
+pub async fn wait_s3(file: &str) -> Result<()> {
+    let (s3, bucket) = (env("ZLINK_S3_ENDPOINT")?, env("ZLINK_S3_BUCKET")?);
+    let prefix = std::env::var("ZLINK_S3_PREFIX").unwrap_or_default();
+    let c = client(None)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let slugs = slugs_in(file)?;
+    for s in &slugs {
+        loop {
+            let r = c.head(format!("{s3}/{bucket}/{prefix}{s}")).send().await?;
+            if r.status().as_u16() == 200 {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("blob of {s} not in S3 after 120 s (replicator running?)");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    println!("RESULT replicated={}", slugs.len());
+    Ok(())
+}
+
+/// A new owner key, issued through the keys API with the admin key.
+async fn owner_key(c: &reqwest::Client, owner: &str) -> Result<String> {
+    let r = c
+        .post(format!("{}/api/v1/keys", env("ZLINK_PRIMARY_1")?))
+        .bearer_auth(env("ZLINK_ADMIN_KEY")?)
+        .json(&serde_json::json!({ "owner": owner }))
+        .send()
+        .await?;
+    let status = r.status().as_u16();
+    let v: serde_json::Value = r.json().await?;
+    if status != 201 {
+        bail!("issuing a key failed: {status} {v}");
+    }
+    v["key"].as_str().map(String::from).context("no key")
+}
+
+/// `n` creates paced over `secs` with one new owner key, sent from `source` (not the exempt
+/// load generator); prints the statuses.
+pub async fn flood(base: &str, n: usize, secs: f64, source: IpAddr) -> Result<()> {
+    let key = owner_key(&client(None)?, &format!("flood-{}", unix_s())).await?;
+    let c = client(Some(source))?;
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let mut retry_after = std::collections::BTreeSet::new();
+    let started = Instant::now();
+    for i in 0..n {
+        // Paced: request i leaves at i * secs / n.
+        let at = started + Duration::from_secs_f64(i as f64 * secs / n as f64);
+        tokio::time::sleep_until(at.into()).await;
+        let send = || {
+            c.post(format!("{base}/api/v1/links"))
+                .bearer_auth(&key)
+                .json(&serde_json::json!({ "url": format!("https://example.com/flood/{i}") }))
+                .send()
+        };
+        // A server may close a connection after refusing a request whose body it did not
+        // read (a 429 answered before the body): the request is sent once more.
+        let r = match send().await {
+            Ok(r) => r,
+            Err(_) => send().await?,
+        };
+        let status = r.status().as_u16();
+        if status == 429 {
+            if let Some(v) = r.headers().get("retry-after").and_then(|v| v.to_str().ok()) {
+                retry_after.insert(v.to_string());
+            }
+        }
+        r.bytes().await?;
+        *statuses.entry(status).or_default() += 1;
+    }
+    let by_status: Vec<String> = statuses
+        .iter()
+        .map(|(s, n)| format!("status_{s}={n}"))
+        .collect();
+    println!(
+        "RESULT flood_requests={n} seconds={:.1} {} retry_after={}",
+        started.elapsed().as_secs_f64(),
+        by_status.join(" "),
+        retry_after.into_iter().collect::<Vec<_>>().join(",")
+    );
+    Ok(())
+}
+
+/// Creates `n` links on primary-1 (`concurrency` at a time) and times how long each takes to
+/// become readable, unsigned, from S3 (polled every 5 ms, at most 30 s each).
+pub async fn replication(n: usize, concurrency: usize) -> Result<()> {
+    let (base, key) = (env("ZLINK_PRIMARY_1")?, env("ZLINK_ADMIN_KEY")?);
+    let (s3, bucket) = (env("ZLINK_S3_ENDPOINT")?, env("ZLINK_S3_BUCKET")?);
+    let prefix = std::env::var("ZLINK_S3_PREFIX").unwrap_or_default();
+    let c = client(None)?;
+    let run = unix_s();
+    let gate = Arc::new(Semaphore::new(concurrency.max(1)));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let (c, base, key, gate) = (c.clone(), base.clone(), key.clone(), gate.clone());
+        let object = format!("{s3}/{bucket}/{prefix}");
+        tasks.push(tokio::spawn(async move {
+            let _permit = gate.acquire_owned().await?;
+            let slug = create_one(
+                &c,
+                &base,
+                &key,
+                format!("https://example.com/repl/{run}/{i}"),
+            )
+            .await?;
+            let created = Instant::now();
+            while created.elapsed() < Duration::from_secs(30) {
+                let r = c.get(format!("{object}{slug}")).send().await?;
+                let ok = r.status().as_u16() == 200;
+                r.bytes().await?;
+                if ok {
+                    return Ok::<_, anyhow::Error>((created, created.elapsed()));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            bail!("{slug} not visible in S3 after 30 s")
+        }));
+    }
+    let mut results = Vec::with_capacity(n);
+    for t in tasks {
+        results.push(t.await??);
+    }
+    let end = start.elapsed().as_secs_f64();
+    let last_create = results
+        .iter()
+        .map(|r| r.0.duration_since(start).as_secs_f64())
+        .fold(0.0, f64::max);
+    let mut lat: Vec<f64> = results.iter().map(|r| r.1.as_secs_f64() * 1000.0).collect();
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "RESULT links={n} concurrency={concurrency} creates_per_s={:.0} replicated_per_s={:.0} visible_p50_ms={:.0} visible_p99_ms={:.0} visible_max_ms={:.0}",
+        n as f64 / last_create,
+        n as f64 / end,
+        pick(&lat, 0.5),
+        pick(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}

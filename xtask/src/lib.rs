@@ -1,0 +1,12 @@
+//! zlink's tooling in Rust (`zlink-xtask`), so that shell scripts only supervise processes:
+//!
+//! - [`nginx`]: renders the nginx templates of `nginx/` (used by `lib.sh` and the tests);
+//! - [`layers`]: which crate may depend on which, and no import cycle in any crate (lint step);
+//! - [`bench`]: benchmark drivers against the running topology (creates, cold reads, S3
+//!   visibility, a create flood, replication latency);
+//! - [`alerts`]: the local Alertmanager webhook receiver.
+
+pub mod alerts;
+pub mod bench;
+pub mod layers;
+pub mod nginx;

@@ -1,0 +1,83 @@
+//! `zlink-xtask COMMAND ...`: see the crate documentation; `deploy/local/*` call it.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use zlink_xtask::{alerts, bench, layers, nginx};
+
+#[derive(Parser)]
+#[command(name = "zlink-xtask", about = "zlink tooling")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Render an nginx template: every {{NAME}} from the .budgets file and NAME=VALUE arguments.
+    RenderNginx {
+        template: PathBuf,
+        out: PathBuf,
+        values: Vec<String>,
+    },
+    /// Check crate dependencies and module import cycles; print each crate's layers.
+    CheckLayers {
+        #[arg(default_value = ".")]
+        root: PathBuf,
+    },
+    /// Create N links on $ZLINK_PRIMARY_1, write their slugs to OUT.
+    Create { n: usize, out: String },
+    /// GET each slug of FILE once on BASE_URL; p50/p99/max in ms.
+    Cold { base: String, file: String },
+    /// Wait (at most 120 s) until every slug of FILE is readable in S3.
+    WaitS3 { file: String },
+    /// N creates paced over SECONDS with a new owner key, from SOURCE_IP.
+    Flood {
+        base: String,
+        n: usize,
+        seconds: f64,
+        source: IpAddr,
+    },
+    /// Create N links and time create → visible in S3.
+    Replication {
+        #[arg(default_value_t = 500)]
+        n: usize,
+        #[arg(default_value_t = 16)]
+        concurrency: usize,
+    },
+    /// The Alertmanager webhook receiver: append alerts to FILE as JSON lines.
+    AlertReceiver { port: u16, file: PathBuf },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
+    match cli.cmd {
+        Cmd::RenderNginx {
+            template,
+            out,
+            values,
+        } => nginx::render_to(&template, &out, &nginx::parse_values(&values)?),
+        Cmd::CheckLayers { root } => {
+            print!("{}", layers::check(&root)?);
+            Ok(())
+        }
+        Cmd::Create { n, out } => rt()?.block_on(bench::create(n, &out)),
+        Cmd::Cold { base, file } => rt()?.block_on(bench::cold(&base, &file)),
+        Cmd::WaitS3 { file } => rt()?.block_on(bench::wait_s3(&file)),
+        Cmd::Flood {
+            base,
+            n,
+            seconds,
+            source,
+        } => rt()?.block_on(bench::flood(&base, n, seconds, source)),
+        Cmd::Replication { n, concurrency } => rt()?.block_on(bench::replication(n, concurrency)),
+        Cmd::AlertReceiver { port, file } => rt()?.block_on(alerts::serve(port, file)),
+    }
+}
