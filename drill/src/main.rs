@@ -17,6 +17,7 @@
 //! phase misses a target.
 
 mod alerts;
+mod args;
 mod hooks;
 mod plan;
 mod report;
@@ -24,6 +25,7 @@ mod writer;
 
 use alerts::watch_alerts;
 use anyhow::{bail, Context};
+use args::Args;
 use clap::Parser;
 use hooks::{flap, hook};
 use plan::{Action, Kind, Scenario, FLAP_WITH};
@@ -33,110 +35,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use writer::{probe, writer};
-
-#[derive(Parser, Debug)]
-#[command(name = "drill", about = "zlink failover drill")]
-struct Args {
-    /// The frontend nginx (redirects and the API go through it).
-    #[arg(long, env = "ZLINK_FRONTEND")]
-    frontend: String,
-    /// URL prefix of the blobs in S3 (bucket and key prefix): `<prefix><slug>` is read to know
-    /// a link reached S3 before the drill starts.
-    #[arg(long, env = "ZLINK_DRILL_BLOB_URL_PREFIX")]
-    blob_url_prefix: String,
-    /// An admin API key (creates the drill's links, reads their stats).
-    #[arg(long, env = "ZLINK_ADMIN_KEY", hide_env_values = true)]
-    admin_key: String,
-    /// Components that are the primaries (comma-separated names for the hooks).
-    #[arg(long, value_delimiter = ',', default_value = "primary-1,primary-2")]
-    primaries: Vec<String>,
-    /// Components that are the lastresort processes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "lastresort-1,lastresort-2"
-    )]
-    lastresorts: Vec<String>,
-    /// Components of another tier: `TIER=comp,comp` (defaults: store=cassandra,
-    /// memcached=memcached, kafka=kafka, replicator=replicator, s3=s3).
-    #[arg(long = "tier")]
-    tiers: Vec<String>,
-    /// Tiers with a fault proxy in front (where slow and blackhole can be injected).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "primaries,lastresorts,store,memcached,s3"
-    )]
-    proxied: Vec<String>,
-    /// A scenario: `KIND:TIER` (kill|hang|slow|blackhole|flap : a tier) or `ladder:KIND`
-    /// (primaries, then lastresorts too, then back). Repeatable; default `ladder:kill`.
-    #[arg(long = "fault")]
-    faults: Vec<String>,
-    /// The CI set: both ladders (kill, hang) and a kill and a hang of every other tier.
-    #[arg(long)]
-    fast: bool,
-    /// Every kind on every tier (slow/blackhole where proxied) and both ladders.
-    #[arg(long)]
-    matrix: bool,
-    /// Breaks one component; `{kind}` and `{component}` are replaced.
-    #[arg(long, default_value = "deploy/local/ctl fault {kind} {component}")]
-    break_cmd: String,
-    /// Restores one component and returns once it is ready.
-    #[arg(long, default_value = "deploy/local/ctl heal {kind} {component}")]
-    restore_cmd: String,
-    /// Checks the mappings after the drill; exit status 0 = no drift.
-    #[arg(long, default_value = "deploy/local/ctl reconcile --dry-run")]
-    reconcile_cmd: String,
-    /// Repairs drift the check found (what an SRE runs after an S3 incident); then the check
-    /// runs again and only drift that survives the repair fails the drill. Empty: no repair.
-    #[arg(long, default_value = "deploy/local/ctl reconcile")]
-    repair_cmd: String,
-    /// Links per phase (each phase requests only its own, so its clicks can be counted).
-    #[arg(long, default_value_t = 4)]
-    links: usize,
-    /// Redirects per second through the frontend.
-    #[arg(long, default_value_t = 100)]
-    rate: u32,
-    /// Seconds of load per phase (after its actions).
-    #[arg(long, default_value_t = 10)]
-    phase_seconds: u64,
-    /// A flapping component is down this long, then up this long, and so on.
-    #[arg(long, default_value_t = 2)]
-    flap_seconds: u64,
-    /// Target: p99 added over the baseline once a single-tier fault has settled, ms.
-    #[arg(long, default_value_t = 300.0)]
-    max_added_p99_ms: f64,
-    /// Target: no redirect slower than this under a single-tier fault, ms.
-    #[arg(long, default_value_t = 1000.0)]
-    max_ms: f64,
-    /// The first part of a phase (the first timeout window) is left out of its settled p99.
-    #[arg(long, default_value_t = 1000)]
-    settle_ms: u64,
-    /// The last-resort host (its nginx): the drill's writer checks each new link is served there.
-    #[arg(long, env = "ZLINK_LASTRESORT_NGINX")]
-    lastresort_host: Option<String>,
-    /// The writer creates a link this often (0: no writer) and times create → every rung.
-    #[arg(long, default_value_t = 1000)]
-    create_every_ms: u64,
-    /// Target: a link created while the write path is whole reaches every rung within ε, ms.
-    #[arg(long, default_value_t = 5000.0)]
-    eps_ms: f64,
-    /// How long to wait for every click to be counted after the last phase, seconds.
-    #[arg(long, default_value_t = 180)]
-    clicks_within_s: u64,
-    /// Alertmanager: the drill records which alerts fire and resolve (polled every second),
-    /// shows them per phase and on the timeline, and holds the ladder's and broken tiers'
-    /// alerts to their phases (see --alert-window-s).
-    #[arg(long, env = "ZLINK_ALERTMANAGER")]
-    alertmanager: Option<String>,
-    /// Expected alerts are judged only when phases last at least this long (the rules'
-    /// windows: rate over 30 s, `for:` 10-30 s, 5 s scrapes); shorter phases only record them.
-    #[arg(long, default_value_t = 45)]
-    alert_window_s: u64,
-    /// Where the JSON report goes; the HTML page goes next to it (`.html`).
-    #[arg(long, default_value = "drill-report.json")]
-    report: String,
-}
 
 /// The tier → components map: defaults, the primaries/lastresorts flags, then `--tier`.
 fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {

@@ -78,7 +78,7 @@ pub async fn spawn_primary(
         argv.extend(["--ip-hash-salt".into(), "test-salt-16-bytes-min".into()]);
     }
     // Tests send from 127.0.0.1 and create links in bursts: that address is the exempt load
-    // generator and per-key limits are off, unless the test sets them (tests/security.rs).
+    // generator and per-key limits are off, unless the test sets them (tests/security/).
     if !extra.contains(&"--rate-limit-exempt") {
         argv.extend(["--rate-limit-exempt".into(), "127.0.0.1".into()]);
     }
