@@ -139,7 +139,13 @@ zl_wait_for() {
   done
 }
 
-zl_probe() { python3 "$ZLINK_ROOT/deploy/local/probe.py" "$@"; }
+# Readiness probes in each server's own protocol (probe/, no dependencies: built in seconds,
+# before the servers it probes; `test` and `up` build it first).
+zl_probe() {
+  local bin; bin="$(zl_bin zlink-probe)"
+  [[ -x "$bin" ]] || (cd "$ZLINK_ROOT" && cargo build --release --locked -q -p zlink-probe) || return 1
+  "$bin" "$@"
+}
 
 # ---------------------------------------------------------------- cassandra
 zl_start_cassandra() {

@@ -36,6 +36,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         &["zlink-wire", "zlink-clients", "zlink-redirect"],
     ),
     ("drill", &["zlink-wire"]),
+    ("probe", &[]),
     ("xtask", &[]),
     (
         "tests",

@@ -147,6 +147,7 @@ async fn a_random_slug_scan_never_reaches_the_store() {
     let before = reads().await;
     // 500 random auto-shaped slugs: 404, and no link read reaches the store.
     let alphabet = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    let (mut not_found, mut unavailable) = (0, 0);
     for i in 0..500u64 {
         let slug: String = (0..7)
             .map(|j| alphabet[((i * 7919 + j * 104_729 + i * i * 31) % 62) as usize] as char)
@@ -159,8 +160,19 @@ async fn a_random_slug_scan_never_reaches_the_store() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{slug}");
+        // 404; or, when the store is slow to tell this primary how far IDs were handed out
+        // (a counter read above the known mark, under the redirect's deadline), a fast 503
+        // that the frontend fails over to the next rung. Never a redirect, never a link read.
+        match r.status() {
+            StatusCode::NOT_FOUND => not_found += 1,
+            StatusCode::SERVICE_UNAVAILABLE => unavailable += 1,
+            other => panic!("{slug}: {other}"),
+        }
     }
+    assert!(
+        not_found >= 450,
+        "{not_found} × 404, {unavailable} × 503 from a slow store"
+    );
     assert_eq!(reads().await, before, "the scan cost no link read");
     assert!(metric_sum(&metrics, "zlink_primary_cache_lookups_total").await >= 500.0);
     // Real links still redirect, including one created on another primary just now.
