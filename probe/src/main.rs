@@ -1,6 +1,7 @@
-//! `zlink-probe cql|kafka|memcached HOST PORT`: exits 0 when the server answered its own
-//! protocol correctly (an open port is not ready). No dependencies: `deploy/local/test` builds
-//! it in seconds, before the servers it probes have started, while the rest builds.
+//! `zlink-probe cql|kafka|memcached HOST PORT` or `zlink-probe http HOST PORT PATH`: exits 0
+//! when the server answered its own protocol correctly (an open port is not ready; for http, a
+//! 200 to `GET PATH`). No dependencies: `deploy/local/test` builds it in seconds, before the
+//! servers it probes have started, and the container images use it as their health check.
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -51,13 +52,18 @@ fn memcached(s: &mut TcpStream) -> std::io::Result<bool> {
     Ok(read_exact(s, 8)?.starts_with(b"VERSION "))
 }
 
-fn probe(kind: &str, host: &str, port: u16) -> std::io::Result<bool> {
-    let check: fn(&mut TcpStream) -> std::io::Result<bool> = match kind {
-        "cql" => cql,
-        "kafka" => kafka,
-        "memcached" => memcached,
-        _ => return Ok(false),
-    };
+/// `GET path` over HTTP/1.0; ready when the status is 200.
+fn http(s: &mut TcpStream, host: &str, path: &str) -> std::io::Result<bool> {
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: zlink-probe\r\n\r\n"
+    )?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head)?;
+    Ok(head.starts_with(b"HTTP/1.") && &head[8..12] == b" 200")
+}
+
+fn probe(kind: &str, host: &str, port: u16, path: &str) -> std::io::Result<bool> {
     let addr = (host, port)
         .to_socket_addrs()?
         .next()
@@ -65,21 +71,31 @@ fn probe(kind: &str, host: &str, port: u16) -> std::io::Result<bool> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    check(&mut s)
+    match kind {
+        "cql" => cql(&mut s),
+        "kafka" => kafka(&mut s),
+        "memcached" => memcached(&mut s),
+        "http" => http(&mut s, host, path),
+        _ => Ok(false),
+    }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [kind, host, port] = args.as_slice() else {
-        eprintln!("usage: zlink-probe cql|kafka|memcached HOST PORT");
-        std::process::exit(2);
+    let (kind, host, port, path) = match args.as_slice() {
+        [k, h, p] if matches!(k.as_str(), "cql" | "kafka" | "memcached") => (k, h, p, "/"),
+        [k, h, p, path]
+            if k == "http" && path.starts_with('/') && !path.contains(char::is_whitespace) =>
+        {
+            (k, h, p, path.as_str())
+        }
+        _ => {
+            eprintln!("usage: zlink-probe cql|kafka|memcached HOST PORT | zlink-probe http HOST PORT /PATH");
+            std::process::exit(2);
+        }
     };
-    if !matches!(kind.as_str(), "cql" | "kafka" | "memcached") {
-        eprintln!("zlink-probe: unknown kind {kind:?}");
-        std::process::exit(2);
-    }
     let ok = port
         .parse()
-        .is_ok_and(|port| probe(kind, host, port).unwrap_or(false));
+        .is_ok_and(|port| probe(kind, host, port, path).unwrap_or(false));
     std::process::exit(if ok { 0 } else { 1 });
 }

@@ -4,9 +4,11 @@
 //! - [`layers`]: which crate may depend on which, and no import cycle in any crate (lint step);
 //! - [`bench`]: benchmark drivers against the running topology (creates, cold reads, S3
 //!   visibility, a create flood, replication latency);
-//! - [`alerts`]: the local Alertmanager webhook receiver.
+//! - [`alerts`]: the local Alertmanager webhook receiver;
+//! - [`docker`]: static checks of the container images' Dockerfile.
 
 pub mod alerts;
 pub mod bench;
+pub mod docker;
 pub mod layers;
 pub mod nginx;

@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use zlink_xtask::{alerts, bench, layers, nginx};
+use zlink_xtask::{alerts, bench, docker, layers, nginx};
 
 #[derive(Parser)]
 #[command(name = "zlink-xtask", about = "zlink tooling")]
@@ -23,6 +23,11 @@ enum Cmd {
     },
     /// Check crate dependencies and module import cycles; print each crate's layers.
     CheckLayers {
+        #[arg(default_value = ".")]
+        root: PathBuf,
+    },
+    /// Check deploy/docker/Dockerfile statically (binaries, --locked, USER, HEALTHCHECK).
+    CheckDockerfiles {
         #[arg(default_value = ".")]
         root: PathBuf,
     },
@@ -66,6 +71,10 @@ fn main() -> Result<()> {
         } => nginx::render_to(&template, &out, &nginx::parse_values(&values)?),
         Cmd::CheckLayers { root } => {
             print!("{}", layers::check(&root)?);
+            Ok(())
+        }
+        Cmd::CheckDockerfiles { root } => {
+            println!("images: {}", docker::check(&root)?.join(" "));
             Ok(())
         }
         Cmd::Create { n, out } => rt()?.block_on(bench::create(n, &out)),
