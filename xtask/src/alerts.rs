@@ -60,15 +60,15 @@ async fn handle(out: Arc<Mutex<PathBuf>>, req: Request<Incoming>) -> Response<Fu
             let Some(lines) = lines(&body.to_bytes(), &now) else {
                 return status(StatusCode::BAD_REQUEST, "");
             };
+            if lines.is_empty() {
+                return status(StatusCode::OK, "");
+            }
             let path = out.lock().await;
             let written = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&*path)
                 .and_then(|mut f| f.write_all((lines.join("\n") + "\n").as_bytes()));
-            if lines.is_empty() {
-                return status(StatusCode::OK, "");
-            }
             match written {
                 Ok(()) => status(StatusCode::OK, ""),
                 Err(e) => {

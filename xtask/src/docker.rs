@@ -3,23 +3,23 @@
 //! is `--locked`, the runtime runs as a non-root `USER`, and every service image has an
 //! `ENTRYPOINT` and a `HEALTHCHECK`.
 
+use crate::layers;
 use anyhow::{bail, Context, Result};
 use regex::Regex;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// Binaries the workspace builds: each member with `src/main.rs` (its package name) and every
-/// `src/bin/<name>.rs`.
-pub fn workspace_binaries(root: &Path) -> Result<BTreeSet<String>> {
-    let name = Regex::new(r#"(?m)^name\s*=\s*"([^"]+)""#).expect("regex");
-    let mut bins = BTreeSet::new();
-    for m in crate::layers::members(root)? {
+/// The workspace's binaries (each member with `src/main.rs`, named after its package, and
+/// every `src/bin/<name>.rs`) and its package names.
+pub fn workspace(root: &Path) -> Result<(BTreeSet<String>, BTreeSet<String>)> {
+    let (mut bins, mut packages) = (BTreeSet::new(), BTreeSet::new());
+    for (m, manifest) in layers::manifests(root)? {
+        let name = layers::package_name(&manifest).with_context(|| format!("{m}: package name"))?;
         let dir = root.join(&m);
         if dir.join("src/main.rs").exists() {
-            let manifest = std::fs::read_to_string(dir.join("Cargo.toml"))?;
-            let n = name.captures(&manifest).context("package name")?;
-            bins.insert(n[1].to_string());
+            bins.insert(name.clone());
         }
+        packages.insert(name);
         if let Ok(entries) = std::fs::read_dir(dir.join("src/bin")) {
             for e in entries {
                 let p = e?.path();
@@ -32,7 +32,7 @@ pub fn workspace_binaries(root: &Path) -> Result<BTreeSet<String>> {
             }
         }
     }
-    Ok(bins)
+    Ok((bins, packages))
 }
 
 /// Every problem found in `text` (a Dockerfile), given the workspace's binaries and packages.
@@ -120,15 +120,7 @@ pub fn problems(text: &str, bins: &BTreeSet<String>, packages: &BTreeSet<String>
 pub fn check(root: &Path) -> Result<Vec<String>> {
     let path = root.join("deploy/docker/Dockerfile");
     let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
-    let bins = workspace_binaries(root)?;
-    let name = Regex::new(r#"(?m)^name\s*=\s*"([^"]+)""#).expect("regex");
-    let mut packages = BTreeSet::new();
-    for m in crate::layers::members(root)? {
-        let manifest = std::fs::read_to_string(root.join(&m).join("Cargo.toml"))?;
-        if let Some(n) = name.captures(&manifest) {
-            packages.insert(n[1].to_string());
-        }
-    }
+    let (bins, packages) = workspace(root)?;
     let found = problems(&text, &bins, &packages);
     if !found.is_empty() {
         bail!("{}: {}", path.display(), found.join("; "));

@@ -89,7 +89,20 @@ fn workspace_deps(manifest: &str, names: &BTreeSet<String>) -> BTreeSet<String> 
     out
 }
 
-fn package_name(manifest: &str) -> Option<String> {
+/// Each workspace member's directory and `Cargo.toml` text, in the root manifest's order.
+pub fn manifests(root: &Path) -> Result<Vec<(String, String)>> {
+    members(root)?
+        .into_iter()
+        .map(|m| {
+            let text = std::fs::read_to_string(root.join(&m).join("Cargo.toml"))
+                .with_context(|| format!("{m}/Cargo.toml"))?;
+            Ok((m, text))
+        })
+        .collect()
+}
+
+/// The `[package]` name of a manifest.
+pub fn package_name(manifest: &str) -> Option<String> {
     Regex::new(r#"(?m)^name\s*=\s*"([^"]+)""#)
         .expect("regex")
         .captures(manifest)
@@ -193,24 +206,21 @@ pub fn layers(graph: &BTreeMap<String, BTreeSet<String>>) -> Result<Vec<Vec<Stri
 
 /// Checks every crate; returns the report (one line per crate) or fails with every problem.
 pub fn check(root: &Path) -> Result<String> {
-    let members = members(root)?;
-    let mut manifests = BTreeMap::new();
-    for m in &members {
-        let text = std::fs::read_to_string(root.join(m).join("Cargo.toml"))
-            .with_context(|| format!("{m}/Cargo.toml"))?;
-        manifests.insert(m.clone(), text);
-    }
-    let names: BTreeSet<String> = manifests.values().filter_map(|t| package_name(t)).collect();
+    let manifests = manifests(root)?;
+    let names: BTreeSet<String> = manifests
+        .iter()
+        .filter_map(|(_, t)| package_name(t))
+        .collect();
     let mut report = String::new();
     let mut problems = Vec::new();
-    for m in &members {
+    for (m, manifest) in &manifests {
         let Some((_, allowed)) = ALLOWED.iter().find(|(c, _)| c == m) else {
             problems.push(format!(
                 "{m}: not in the allowed-dependencies table (xtask/src/layers.rs)"
             ));
             continue;
         };
-        for dep in workspace_deps(&manifests[m], &names) {
+        for dep in workspace_deps(manifest, &names) {
             if !allowed.contains(&dep.as_str()) {
                 problems.push(format!("{m}: must not depend on {dep}"));
             }
