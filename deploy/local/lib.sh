@@ -29,6 +29,15 @@ TOXIPROXY_CLI="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/cli"
 # cargo-machete (pinned): the lint step fails on a dependency no crate uses.
 MACHETE_VERSION=0.9.2
 MACHETE="$ZLINK_CACHE/cargo-machete-$MACHETE_VERSION/bin/cargo-machete"
+# The offline validators of the deployment manifests (deploy/k8s/check), pinned: PyPI's
+# kubernetes-validate (built-in kinds, strict) and check-jsonschema (the Compose file), and
+# prometheus-operator's schemas from npm (deploy/k8s/validate/package-lock.json).
+KUBERNETES_VALIDATE_VERSION=1.37.0
+CHECK_JSONSCHEMA_VERSION=0.39.0
+MANIFEST_TOOLS="$ZLINK_CACHE/manifest-tools-kv$KUBERNETES_VALIDATE_VERSION-cj$CHECK_JSONSCHEMA_VERSION"
+zl_crd_validator_dir() {
+  echo "$ZLINK_CACHE/crd-validate-$(sha256sum <"$ZLINK_ROOT/deploy/k8s/validate/package-lock.json" | cut -c1-16)"
+}
 # The fixed cluster id Kafka's log dir is formatted with (base64 of 16 bytes).
 KAFKA_CLUSTER_ID="emxpbmstbG9jYWwtMDAwMQ"
 # Topics and their partition counts: the one place they are set.

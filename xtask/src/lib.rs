@@ -5,10 +5,12 @@
 //! - [`bench`]: benchmark drivers against the running topology (creates, cold reads, S3
 //!   visibility, a create flood, replication latency);
 //! - [`alerts`]: the local Alertmanager webhook receiver;
-//! - [`docker`]: static checks of the container images' Dockerfile.
+//! - [`docker`]: static checks of the container images' Dockerfile;
+//! - [`manifests`]: the generated files of the Kubernetes and Compose manifests.
 
 pub mod alerts;
 pub mod bench;
 pub mod docker;
 pub mod layers;
+pub mod manifests;
 pub mod nginx;

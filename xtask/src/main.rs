@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use zlink_xtask::{alerts, bench, docker, layers, nginx};
+use zlink_xtask::{alerts, bench, docker, layers, manifests, nginx};
 
 #[derive(Parser)]
 #[command(name = "zlink-xtask", about = "zlink tooling")]
@@ -28,6 +28,14 @@ enum Cmd {
     },
     /// Check deploy/docker/Dockerfile statically (binaries, --locked, USER, HEALTHCHECK).
     CheckDockerfiles {
+        #[arg(default_value = ".")]
+        root: PathBuf,
+    },
+    /// Write the deployment manifests' generated files (nginx configs, PrometheusRule);
+    /// with --check, write nothing and fail if one is stale.
+    Manifests {
+        #[arg(long)]
+        check: bool,
         #[arg(default_value = ".")]
         root: PathBuf,
     },
@@ -75,6 +83,23 @@ fn main() -> Result<()> {
         }
         Cmd::CheckDockerfiles { root } => {
             println!("images: {}", docker::check(&root)?.join(" "));
+            Ok(())
+        }
+        Cmd::Manifests { check: true, root } => {
+            let stale = manifests::stale(&root)?;
+            for p in &stale {
+                eprintln!(
+                    "stale: {} (run `zlink-xtask manifests` and commit it)",
+                    p.display()
+                );
+            }
+            anyhow::ensure!(stale.is_empty(), "{} generated file(s) stale", stale.len());
+            Ok(())
+        }
+        Cmd::Manifests { check: false, root } => {
+            for p in manifests::write(&root)? {
+                println!("wrote {}", p.display());
+            }
             Ok(())
         }
         Cmd::Create { n, out } => rt()?.block_on(bench::create(n, &out)),
