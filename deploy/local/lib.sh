@@ -57,7 +57,7 @@ zl_components() {
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
   echo replicator clicks memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
-  echo nginx-lastresort nginx-frontend
+  echo nginx-lastresort nginx-frontend dns
   echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort prometheus
 }
 
@@ -96,6 +96,8 @@ zl_port() {
     nginx-exporter-frontend) off=163 ;;
     nginx-exporter-lastresort) off=164 ;;
     toxiproxy) off=150 ;;
+    dns) off=53 ;;
+    site) off=79 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
   echo $((ZLINK_PORT_BASE + off))
@@ -372,7 +374,7 @@ zl_render_nginx() {
       done
       backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
       "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
-        "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
+        "SITE_LISTEN=listen $(zl_site_addr frontend):$(zl_port site);" "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
         "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-frontend-status)" \
         "${overrides[@]}" >&2 || return 1
       ;;
@@ -382,7 +384,7 @@ zl_render_nginx() {
         servers+="        server $(zl_addr "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
       "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
-        "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
+        "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
         "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
@@ -401,6 +403,50 @@ zl_start_nginx() {
 }
 zl_ready_nginx() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/nginx-health")" == 200 ]]; }
 ZL_TIMEOUT_nginx=10
+
+# ---------------------------------------------------------------- dns (rung 4)
+# The service's DNS name ($ZLINK_DNS_NAME) as the world would resolve it: dnsmasq on
+# 127.0.0.1:$(zl_port dns) answers it from $ZLINK_RUN/dns/hosts with a 5 s TTL and nothing else
+# (no upstream, no /etc/hosts). Each site has its own public address on the same port
+# ($(zl_port site)): the frontend's nginx also listens on 127.0.1.1, the last-resort host's on
+# 127.0.2.1. `ctl dns frontend|lastresort` points the name at one of them (rung 4).
+ZLINK_DNS_NAME="${ZLINK_DNS_NAME:-go.zlink.test}"
+ZLINK_DNS_TTL="${ZLINK_DNS_TTL:-5}"
+zl_site_addr() {
+  case "$1" in
+    frontend) echo 127.0.1.1 ;;
+    lastresort) echo 127.0.2.1 ;;
+    *) zl_die "unknown site '$1' (frontend, lastresort)" ;;
+  esac
+}
+# The site the name points at now (frontend until flipped).
+zl_dns_site() {
+  local f="$ZLINK_RUN/dns/site"
+  if [[ -s "$f" ]]; then cat "$f"; else echo frontend; fi
+}
+# Writes the record for SITE (atomically) and makes a running dnsmasq re-read it (SIGHUP).
+zl_dns_point() {
+  local site="$1" addr pid
+  addr="$(zl_site_addr "$site")"
+  mkdir -p "$ZLINK_RUN/dns"
+  printf '%s %s\n' "$addr" "$ZLINK_DNS_NAME" >"$ZLINK_RUN/dns/hosts.tmp"
+  mv "$ZLINK_RUN/dns/hosts.tmp" "$ZLINK_RUN/dns/hosts"
+  echo "$site" >"$ZLINK_RUN/dns/site"
+  if pid="$(zl_pid dns)"; then kill -HUP "$pid"; fi
+}
+zl_start_dns() {
+  zl_dns_point "$(zl_dns_site)"
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(--user=root)
+  zl_spawn dns "$(command -v dnsmasq || echo /usr/sbin/dnsmasq)" --keep-in-foreground --conf-file=/dev/null --pid-file= "${user[@]}" \
+    --no-resolv --no-hosts --no-poll --bind-interfaces --listen-address=127.0.0.1 \
+    --port="$(zl_port dns)" --addn-hosts="$ZLINK_RUN/dns/hosts" --local-ttl="$ZLINK_DNS_TTL" \
+    --local=/"${ZLINK_DNS_NAME#*.}"/ --log-facility=-
+}
+# Ready = it answers the name with the address of the site it should point at.
+zl_ready_dns() {
+  zl_probe dns 127.0.0.1 "$(zl_port dns)" "$ZLINK_DNS_NAME" "$(zl_site_addr "$(zl_dns_site)")" >/dev/null
+}
+ZL_TIMEOUT_dns=10
 
 # ---------------------------------------------------------------- clicks (the click counter)
 zl_start_clicks() {

@@ -1,6 +1,7 @@
-//! `zlink-probe cql|kafka|memcached HOST PORT` or `zlink-probe http HOST PORT PATH`: exits 0
-//! when the server answered its own protocol correctly (an open port is not ready; for http, a
-//! 200 to `GET PATH`). No dependencies: `deploy/local/test` builds it in seconds, before the
+//! `zlink-probe cql|kafka|memcached HOST PORT`, `zlink-probe http HOST PORT PATH` or
+//! `zlink-probe dns HOST PORT NAME [ADDR]`: exits 0 when the server answered its own protocol
+//! correctly (an open port is not ready; for http, a 200 to `GET PATH`; for dns, an A record
+//! for NAME, equal to ADDR if given, printed as `ADDR TTL`). No dependencies: `deploy/local/test` builds it in seconds, before the
 //! servers it probes have started, and the container images use it as their health check.
 
 use std::io::{Read, Write};
@@ -80,8 +81,31 @@ fn probe(kind: &str, host: &str, port: u16, path: &str) -> std::io::Result<bool>
     }
 }
 
+/// The A record of `name` at the DNS server `host:port`, printed; equal to `want` if given.
+fn dns(host: &str, port: &str, name: &str, want: Option<&String>) -> bool {
+    let Some(server) = port
+        .parse::<u16>()
+        .ok()
+        .and_then(|p| (host, p).to_socket_addrs().ok()?.next())
+    else {
+        return false;
+    };
+    match zlink_probe::dns::resolve_a(server, name, Duration::from_secs(2)) {
+        Ok(Some(a)) => {
+            println!("{} {}", a.addr, a.ttl);
+            want.is_none_or(|w| *w == a.addr.to_string())
+        }
+        _ => false,
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [k, h, p, name, want @ ..] = args.as_slice() {
+        if k == "dns" && want.len() <= 1 {
+            std::process::exit(if dns(h, p, name, want.first()) { 0 } else { 1 });
+        }
+    }
     let (kind, host, port, path) = match args.as_slice() {
         [k, h, p] if matches!(k.as_str(), "cql" | "kafka" | "memcached") => (k, h, p, "/"),
         [k, h, p, path]
@@ -90,7 +114,10 @@ fn main() {
             (k, h, p, path.as_str())
         }
         _ => {
-            eprintln!("usage: zlink-probe cql|kafka|memcached HOST PORT | zlink-probe http HOST PORT /PATH");
+            eprintln!(
+                "usage: zlink-probe cql|kafka|memcached HOST PORT | zlink-probe http HOST PORT /PATH \
+                 | zlink-probe dns HOST PORT NAME [ADDR]"
+            );
             std::process::exit(2);
         }
     };

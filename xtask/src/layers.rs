@@ -35,7 +35,7 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "lastresort",
         &["zlink-wire", "zlink-clients", "zlink-redirect"],
     ),
-    ("drill", &["zlink-wire"]),
+    ("drill", &["zlink-wire", "zlink-probe"]),
     ("probe", &[]),
     ("xtask", &[]),
     (
