@@ -55,7 +55,9 @@ zl_components() {
   echo cassandra kafka s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
-  echo replicator clicks memcached-lr
+  echo replicator clicks
+  if zl_netns; then echo gw-dc gw-site; fi
+  echo memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
   echo nginx-lastresort nginx-frontend dns
   echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort prometheus
@@ -97,6 +99,8 @@ zl_port() {
     nginx-exporter-lastresort) off=164 ;;
     toxiproxy) off=150 ;;
     dns) off=53 ;;
+    gw-dc) off=151 ;;
+    gw-site) off=152 ;;
     site) off=79 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
@@ -279,7 +283,7 @@ zl_ready_memcached() { zl_probe memcached 127.0.0.1 "$(zl_port memcached)"; }
 # The last-resort hosts' own memcached: nothing of the primary datacenter is shared with them.
 zl_start_memcached_lr() {
   local user=(); [[ "$(id -u)" == 0 ]] && user=(-u root)
-  zl_spawn memcached-lr memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached-lr)" -U 0 -m 128 -c 4096 -t 2
+  zl_spawn memcached-lr $(zl_site_exec) memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached-lr)" -U 0 -m 128 -c 4096 -t 2
 }
 zl_ready_memcached_lr() { zl_probe memcached 127.0.0.1 "$(zl_port memcached-lr)"; }
 ZL_TIMEOUT_memcached_lr=10
@@ -380,6 +384,9 @@ zl_render_nginx() {
       ;;
     nginx-lastresort)
       mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
+      # In the network-namespace mode the load generator reaches the site over its users link.
+      local exempt="$ZLINK_LOAD_GENERATOR"
+      if zl_netns; then exempt="$(zl_netns_addr users-host)"; fi
       for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
         servers+="        server $(zl_addr "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
@@ -387,7 +394,7 @@ zl_render_nginx() {
         "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
-        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
+        "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
         "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;
@@ -397,9 +404,11 @@ zl_render_nginx() {
 zl_start_nginx() {
   local name="$1" conf
   conf="$(zl_render_nginx "$name")" || zl_die "rendering $name failed"
-  "$(zl_nginx_bin)" -t -q -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" >>"$(zl_logfile "$name")" 2>&1 ||
+  local ns=()
+  [[ "$name" == nginx-lastresort ]] && read -ra ns <<<"$(zl_site_exec)"
+  "${ns[@]}" "$(zl_nginx_bin)" -t -q -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" >>"$(zl_logfile "$name")" 2>&1 ||
     zl_die "$name: nginx -t failed; see $(zl_logfile "$name")"
-  zl_spawn "$name" "$(zl_nginx_bin)" -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" -g 'daemon off;'
+  zl_spawn "$name" "${ns[@]}" "$(zl_nginx_bin)" -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" -g 'daemon off;'
 }
 zl_ready_nginx() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/nginx-health")" == 200 ]]; }
 ZL_TIMEOUT_nginx=10
@@ -415,7 +424,7 @@ ZLINK_DNS_TTL="${ZLINK_DNS_TTL:-5}"
 zl_site_addr() {
   case "$1" in
     frontend) echo 127.0.1.1 ;;
-    lastresort) echo 127.0.2.1 ;;
+    lastresort) if zl_netns; then zl_netns_addr users-site; else echo 127.0.2.1; fi ;;
     *) zl_die "unknown site '$1' (frontend, lastresort)" ;;
   esac
 }
@@ -471,7 +480,7 @@ zl_start_lastresort() {
     # down), the shared IP-hash salt. Nothing of primary's.
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
     export ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
-    zl_spawn "$name" "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
+    zl_spawn "$name" $(zl_site_exec) "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
       --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
       --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"
   )
@@ -583,7 +592,9 @@ zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
 zl_proxied_port() {
   case "$1" in
     cassandra) echo cql ;;
-    memcached | s3 | primary-* | lastresort-*) echo "$1" ;;
+    memcached | s3 | primary-*) echo "$1" ;;
+    # (In the network-namespace mode the site's own hops stay inside the site.)
+    lastresort-*) zl_netns && return 1; echo "$1" ;;
     *) return 1 ;;
   esac
 }
@@ -601,7 +612,9 @@ zl_start_toxiproxy() {
   local conf="$ZLINK_RUN/toxiproxy.json" sep="" c i
   local fronted=(cassandra memcached s3)
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do fronted+=("primary-$i"); done
-  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
+  if ! zl_netns; then
+    for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
+  fi
   {
     echo "["
     for c in "${fronted[@]}"; do
@@ -621,6 +634,102 @@ zl_toxi() {
   [[ $# -ge 3 ]] && args+=(-H 'Content-Type: application/json' -d "$3")
   curl "${args[@]}"
 }
+
+# ---------------------------------------------------------------- network-namespace mode
+# ZLINK_NETNS=1 (root only): the last-resort site — memcached-lr, the lastresort processes,
+# nginx-lastresort — runs in its own network namespace, joined to the host (the primary
+# datacenter, where S3 also lives) by three veth pairs, each a /30 of 10.231.<base/1000>.0/24:
+#   wan     .1 dc  <-> .2 site   between the datacenters: the frontend's failover to the
+#                                last-resort host, the site's click replay into Kafka, scrapes
+#   s3      .5 dc  <-> .6 site   the site's own way to S3 (not through the primary site)
+#   users   .9 host <-> .10 site the site's users: its public address (rung 4, the drill's
+#                                --site load) is .10
+# Two Toxiproxy gateways forward the ports that cross (no fault toxics on them): gw-dc on the
+# host (127.0.0.1:P of a site component → wan; Kafka and S3 offered on the dc's link
+# addresses), gw-site in the namespace (the site's ports offered on its wan address; Kafka and
+# S3 on the site's 127.0.0.1 → the links). So every address stays what it is without the mode.
+# `ctl fault cut wan|site-s3` takes a link down, `ctl heal cut ...` brings it back.
+# (`up` records the mode in the run dir, so later `ctl` calls need not repeat it.)
+[[ -z "${ZLINK_NETNS:-}" && -f "$ZLINK_RUN/netns" ]] && ZLINK_NETNS=1
+zl_netns() { [[ "${ZLINK_NETNS:-0}" == 1 ]]; }
+ZL_NS="zlink-site-$ZLINK_PORT_BASE"
+zl_site_exec() { if zl_netns; then echo ip netns exec "$ZL_NS"; fi; }
+zl_netns_addr() {
+  local net="10.231.$(((ZLINK_PORT_BASE / 1000) % 256))"
+  case "$1" in
+    wan-dc) echo "$net.1" ;; wan-site) echo "$net.2" ;;
+    s3-dc) echo "$net.5" ;; s3-site) echo "$net.6" ;;
+    users-host) echo "$net.9" ;; users-site) echo "$net.10" ;;
+    *) zl_die "zl_netns_addr: unknown $1" ;;
+  esac
+}
+# The host-side interface of a link (the cut is made there).
+zl_netns_dev() { echo "zl${ZLINK_PORT_BASE}${1:0:1}d"; }
+# Creates the namespace and the three links (idempotent).
+zl_netns_up() {
+  [[ "$(id -u)" == 0 ]] || zl_die "ZLINK_NETNS=1 needs root (network namespaces, veth pairs)"
+  ip netns list | grep -qw "$ZL_NS" || ip netns add "$ZL_NS"
+  ip -n "$ZL_NS" link set lo up
+  local link host site
+  for link in wan s3 users; do
+    host="$(zl_netns_dev "$link")" site="zl${ZLINK_PORT_BASE}${link:0:1}s"
+    if ! ip link show "$host" >/dev/null 2>&1; then
+      ip link add "$host" type veth peer name "$site" netns "$ZL_NS"
+      local h="${link}-dc" s="${link}-site"
+      [[ "$link" == users ]] && h=users-host
+      ip addr add "$(zl_netns_addr "$h")/30" dev "$host"
+      ip -n "$ZL_NS" addr add "$(zl_netns_addr "$s")/30" dev "$site"
+    fi
+    ip link set "$host" up
+    ip -n "$ZL_NS" link set "$site" up
+  done
+}
+# Removes the namespace (its ends of the links go with it, and so the host ends).
+zl_netns_down() {
+  ip netns list 2>/dev/null | grep -qw "$ZL_NS" || return 0
+  ip netns del "$ZL_NS"
+}
+# The site's ports: what its components listen on.
+zl_site_ports() {
+  local i
+  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do zl_port "lastresort-$i"; done
+  zl_port memcached-lr; zl_port nginx-lastresort; zl_port nginx-lastresort-status
+}
+zl_gw_proxy() { printf '%s  {"name": "%s", "listen": "%s", "upstream": "%s", "enabled": true}\n' "$@"; }
+zl_start_gw_dc() {
+  zl_netns_up
+  local conf="$ZLINK_RUN/gw-dc.json" sep="" p s3
+  s3="$(zl_port s3)"
+  {
+    echo "["
+    for p in $(zl_site_ports); do
+      zl_gw_proxy "$sep" "site-$p" "127.0.0.1:$p" "$(zl_netns_addr wan-site):$p"; sep=","
+    done
+    zl_gw_proxy "$sep" kafka "$(zl_netns_addr wan-dc):$(zl_port kafka)" "127.0.0.1:$(zl_port kafka)"
+    zl_gw_proxy "$sep" s3 "$(zl_netns_addr s3-dc):$s3" "127.0.0.1:$s3"
+    echo "]"
+  } >"$conf"
+  zl_spawn gw-dc "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port gw-dc)" -config "$conf"
+}
+zl_ready_gw_dc() { curl -sf -m 2 -o /dev/null "http://127.0.0.1:$(zl_port gw-dc)/proxies"; }
+ZL_TIMEOUT_gw_dc=10
+zl_start_gw_site() {
+  zl_netns_up
+  local conf="$ZLINK_RUN/gw-site.json" sep="" p
+  {
+    echo "["
+    for p in $(zl_site_ports); do
+      zl_gw_proxy "$sep" "site-$p" "$(zl_netns_addr wan-site):$p" "127.0.0.1:$p"; sep=","
+    done
+    zl_gw_proxy "$sep" kafka "127.0.0.1:$(zl_port kafka)" "$(zl_netns_addr wan-dc):$(zl_port kafka)"
+    # The site reaches S3 at the address it is configured with (zl_addr s3), over its own link.
+    zl_gw_proxy "$sep" s3 "$(zl_addr s3)" "$(zl_netns_addr s3-dc):$(zl_port s3)"
+    echo "]"
+  } >"$conf"
+  zl_spawn gw-site ip netns exec "$ZL_NS" "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port gw-site)" -config "$conf"
+}
+zl_ready_gw_site() { ip netns exec "$ZL_NS" curl -sf -m 2 -o /dev/null "http://127.0.0.1:$(zl_port gw-site)/proxies"; }
+ZL_TIMEOUT_gw_site=10
 
 # ---------------------------------------------------------------- faults
 # zl_fault fault|heal KIND NAME — what `ctl fault|heal` and the drill do to one component:
@@ -662,7 +771,28 @@ zl_fault() {
         done
       fi
       ;;
-    *) zl_die "unknown fault '$kind' (kill hang slow blackhole)" ;;
+    fault:cut | heal:cut)
+      zl_netns || zl_die "cut needs the network-namespace mode (ZLINK_NETNS=1)"
+      local dev
+      case "$name" in
+        wan) dev="$(zl_netns_dev wan)" ;;
+        site-s3) dev="$(zl_netns_dev s3)" ;;
+        *) zl_die "cut: unknown link '$name' (wan, site-s3)" ;;
+      esac
+      if [[ "$action" == fault ]]; then
+        ip link set "$dev" down
+      else
+        ip link set "$dev" up
+        # Across the link again: the site answers the dc (wan), or reads S3 (site-s3).
+        if [[ "$name" == wan ]]; then
+          zl_wait_ready nginx-lastresort
+        else
+          zl_wait_for "the site reads S3 again" 30 ip netns exec "$ZL_NS" \
+            curl -s -o /dev/null -m 2 "http://$(zl_addr s3)/$S3_BUCKET/zlink-readiness-probe"
+        fi
+      fi
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut)" ;;
   esac
 }
 
@@ -671,7 +801,8 @@ zl_kind() {
   case "$1" in
     primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;;
     nginx-exporter-*) echo nginx_exporter ;; nginx-*) echo nginx ;;
-    alert-receiver) echo alert_receiver ;; *) echo "$1" ;;
+    alert-receiver) echo alert_receiver ;; gw-dc) echo gw_dc ;; gw-site) echo gw_site ;;
+    *) echo "$1" ;;
   esac
 }
 

@@ -47,6 +47,14 @@ pub struct Args {
     /// Every kind on every tier (slow/blackhole where proxied) and both ladders.
     #[arg(long)]
     pub matrix: bool,
+    /// The network-cut set (network-namespace mode): the WAN between the sites cut, then the
+    /// primary site's S3 blackholed. Use with --site.
+    #[arg(long)]
+    pub netcut: bool,
+    /// The last-resort site's public address as its own users reach it: half of the load goes
+    /// there directly (every answer held to the same checks), the other half to the frontend.
+    #[arg(long)]
+    pub site: Option<String>,
     /// Breaks one component; `{kind}` and `{component}` are replaced.
     #[arg(long, default_value = "deploy/local/ctl fault {kind} {component}")]
     pub break_cmd: String,

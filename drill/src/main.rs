@@ -44,6 +44,8 @@ fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
         ("kafka", "kafka"),
         ("replicator", "replicator"),
         ("s3", "s3"),
+        ("wan", "wan"),
+        ("site-s3", "site-s3"),
     ]
     .iter()
     .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
@@ -82,6 +84,9 @@ async fn main() -> anyhow::Result<()> {
     if a.fast {
         scenarios.extend(plan::fast());
     }
+    if a.netcut {
+        scenarios.extend(plan::netcut());
+    }
     for f in &a.faults {
         scenarios.push(Scenario::parse(f)?);
     }
@@ -97,6 +102,8 @@ async fn main() -> anyhow::Result<()> {
         eps_ms: a.eps_ms,
     };
     let base = a.frontend.trim_end_matches('/').to_string();
+    // The last-resort site's users, if given: every other request goes there directly.
+    let site = a.site.as_ref().map(|s| s.trim_end_matches('/').to_string());
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(5))
@@ -169,12 +176,13 @@ async fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let per_phase = a.links;
     let load = {
-        let (phase, samples, links, client, base, stop) = (
+        let (phase, samples, links, client, base, site, stop) = (
             phase.clone(),
             samples.clone(),
             links.clone(),
             client.clone(),
             base.clone(),
+            site.clone(),
             stop.clone(),
         );
         // Bounded: at most the planned seconds plus an hour of actions at the given rate.
@@ -191,8 +199,12 @@ async fn main() -> anyhow::Result<()> {
                 }
                 let p = phase.load(Ordering::Relaxed);
                 let k = p * per_phase + (i as usize) % per_phase;
+                let target = match &site {
+                    Some(site) if i % 2 == 1 => site.clone(),
+                    _ => base.clone(),
+                };
                 let (links, client, base, samples) =
-                    (links.clone(), client.clone(), base.clone(), samples.clone());
+                    (links.clone(), client.clone(), target, samples.clone());
                 inflight.spawn(async move {
                     let start_ms = t0.elapsed().as_millis() as u64;
                     let (slug, url) = &links[k];

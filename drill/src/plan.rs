@@ -13,6 +13,8 @@ pub enum Kind {
     Slow,
     Blackhole,
     Flap,
+    /// A network link taken down (the network-namespace mode's `wan` or `site-s3`).
+    Cut,
 }
 
 /// What a flapping component does while it is "down".
@@ -34,15 +36,17 @@ impl Kind {
             Kind::Slow => "slow",
             Kind::Blackhole => "blackhole",
             Kind::Flap => "flap",
+            Kind::Cut => "cut",
         }
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Kind> {
         Kind::ALL
             .into_iter()
+            .chain([Kind::Cut])
             .find(|k| k.name() == s)
             .with_context(|| {
-                format!("unknown fault kind {s:?} (kill, hang, slow, blackhole, flap)")
+                format!("unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut)")
             })
     }
 
@@ -95,8 +99,12 @@ fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
     }
 }
 
-/// Tiers whose fault stops or delays creates or their replication (ε is not held there).
-const WRITE_PATH: [&str; 5] = ["primaries", "store", "kafka", "replicator", "s3"];
+/// Tiers whose fault stops or delays creates or their replication (ε is not held there); the
+/// last-resort site without its S3 link cannot serve a new link either.
+const WRITE_PATH: [&str; 6] = ["primaries", "store", "kafka", "replicator", "s3", "site-s3"];
+
+/// The links of the network-namespace mode: a `cut` applies to these and only these.
+pub const LINKS: [&str; 2] = ["wan", "site-s3"];
 
 /// A scenario as given on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,6 +154,16 @@ pub fn matrix(proxied: &[String]) -> Vec<Scenario> {
         }
     }
     v
+}
+
+/// The network-cut set: the datacenters cut apart (each side keeps its S3), then the primary
+/// site's own way to S3 blackholed (the last-resort site keeps its own). (`cut:site-s3` — the
+/// site without S3 — is not in it: the site cannot serve a link it has never read then.)
+pub fn netcut() -> Vec<Scenario> {
+    vec![
+        Scenario::Tier(Kind::Cut, "wan".into()),
+        Scenario::Tier(Kind::Blackhole, "s3".into()),
+    ]
 }
 
 /// The fast set CI runs: both ladders (primaries and lastresorts killed and hung) and a kill
@@ -239,6 +257,12 @@ pub fn phases(
                 ));
             }
             Scenario::Tier(k, tier) => {
+                if (*k == Kind::Cut) != LINKS.contains(&tier.as_str()) {
+                    bail!(
+                        "{}:{tier}: cut applies to the links {LINKS:?}, and only cut does",
+                        k.name()
+                    );
+                }
                 if k.needs_proxy() && !proxied.iter().any(|p| p == tier) {
                     bail!(
                         "{}:{tier}: no fault proxy in front of {tier} (proxied: {proxied:?})",
@@ -340,6 +364,27 @@ mod tests {
             &proxied
         )
         .is_err());
+    }
+
+    #[test]
+    fn cuts_apply_to_links_only_and_the_netcut_set_restores_them() {
+        let mut t = tiers();
+        for l in LINKS {
+            t.insert(l.into(), vec![l.into()]);
+        }
+        let proxied: Vec<String> = vec!["s3".into()];
+        let ph = phases(&netcut(), &t, &proxied).unwrap();
+        let names: Vec<_> = ph.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["baseline", "wan-cut", "wan-back", "s3-blackhole", "s3-back"]
+        );
+        assert_eq!(ph[1].actions, [Action::Break(Kind::Cut, "wan".into())]);
+        assert!(ph[1].writes_whole, "a WAN cut leaves each side its S3");
+        assert!(phases(&[Scenario::parse("cut:store").unwrap()], &t, &proxied).is_err());
+        assert!(phases(&[Scenario::parse("kill:wan").unwrap()], &t, &proxied).is_err());
+        let site_s3 = phases(&[Scenario::parse("cut:site-s3").unwrap()], &t, &proxied).unwrap();
+        assert!(!site_s3[1].writes_whole);
     }
 
     #[test]
