@@ -415,10 +415,10 @@ ZL_TIMEOUT_nginx=10
 
 # ---------------------------------------------------------------- dns (rung 4)
 # The service's DNS name ($ZLINK_DNS_NAME) as the world would resolve it: dnsmasq on
-# 127.0.0.1:$(zl_port dns) answers it from $ZLINK_RUN/dns/hosts with a 5 s TTL and nothing else
-# (no upstream, no /etc/hosts). Each site has its own public address on the same port
-# ($(zl_port site)): the frontend's nginx also listens on 127.0.1.1, the last-resort host's on
-# 127.0.2.1. `ctl dns frontend|lastresort` points the name at one of them (rung 4).
+# 127.0.0.1 (port base + 53) answers it from $ZLINK_RUN/dns/hosts with a 5 s TTL and nothing
+# else (no upstream, no /etc/hosts). Each site has its own public address on the same port (the
+# site port, base + 79): the frontend's nginx also listens on 127.0.1.1, the last-resort host's
+# on 127.0.2.1 (the users link's address in the network-namespace mode). `ctl dns frontend|lastresort` points the name at one of them (rung 4).
 ZLINK_DNS_NAME="${ZLINK_DNS_NAME:-go.zlink.test}"
 ZLINK_DNS_TTL="${ZLINK_DNS_TTL:-5}"
 zl_site_addr() {
@@ -695,40 +695,39 @@ zl_site_ports() {
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do zl_port "lastresort-$i"; done
   zl_port memcached-lr; zl_port nginx-lastresort; zl_port nginx-lastresort-status
 }
-zl_gw_proxy() { printf '%s  {"name": "%s", "listen": "%s", "upstream": "%s", "enabled": true}\n' "$@"; }
-zl_start_gw_dc() {
-  zl_netns_up
-  local conf="$ZLINK_RUN/gw-dc.json" sep="" p s3
-  s3="$(zl_port s3)"
-  {
-    echo "["
-    for p in $(zl_site_ports); do
-      zl_gw_proxy "$sep" "site-$p" "127.0.0.1:$p" "$(zl_netns_addr wan-site):$p"; sep=","
-    done
-    zl_gw_proxy "$sep" kafka "$(zl_netns_addr wan-dc):$(zl_port kafka)" "127.0.0.1:$(zl_port kafka)"
-    zl_gw_proxy "$sep" s3 "$(zl_netns_addr s3-dc):$s3" "127.0.0.1:$s3"
-    echo "]"
-  } >"$conf"
-  zl_spawn gw-dc "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port gw-dc)" -config "$conf"
+# A gateway's routes, one "NAME LISTEN UPSTREAM" line each. gw-dc: a site port P on the host's
+# 127.0.0.1:P → the site's wan address; Kafka and S3 offered on the dc's ends of the wan and s3
+# links. gw-site: the mirror image; the site reaches S3 at the address it is configured with
+# (zl_addr s3), over its own link.
+zl_gw_routes() {
+  local side="$1" p k s w
+  k="$(zl_port kafka)" s="$(zl_port s3)" w="$(zl_netns_addr wan-site)"
+  for p in $(zl_site_ports); do
+    if [[ "$side" == dc ]]; then echo "site-$p 127.0.0.1:$p $w:$p"; else echo "site-$p $w:$p 127.0.0.1:$p"; fi
+  done
+  if [[ "$side" == dc ]]; then
+    echo "kafka $(zl_netns_addr wan-dc):$k 127.0.0.1:$k"
+    echo "s3 $(zl_netns_addr s3-dc):$s 127.0.0.1:$s"
+  else
+    echo "kafka 127.0.0.1:$k $(zl_netns_addr wan-dc):$k"
+    echo "s3 $(zl_addr s3) $(zl_netns_addr s3-dc):$s"
+  fi
 }
+zl_start_gw() {
+  local side="$1" ns=()
+  zl_netns_up
+  zl_gw_routes "$side" | awk 'BEGIN { print "[" }
+    { printf "%s  {\"name\": \"%s\", \"listen\": \"%s\", \"upstream\": \"%s\", \"enabled\": true}\n", (NR > 1 ? "," : ""), $1, $2, $3 }
+    END { print "]" }' >"$ZLINK_RUN/gw-$side.json"
+  [[ "$side" == site ]] && ns=(ip netns exec "$ZL_NS")
+  zl_spawn "gw-$side" "${ns[@]}" "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port "gw-$side")" \
+    -config "$ZLINK_RUN/gw-$side.json"
+}
+zl_start_gw_dc() { zl_start_gw dc; }
+zl_start_gw_site() { zl_start_gw site; }
 zl_ready_gw_dc() { curl -sf -m 2 -o /dev/null "http://127.0.0.1:$(zl_port gw-dc)/proxies"; }
-ZL_TIMEOUT_gw_dc=10
-zl_start_gw_site() {
-  zl_netns_up
-  local conf="$ZLINK_RUN/gw-site.json" sep="" p
-  {
-    echo "["
-    for p in $(zl_site_ports); do
-      zl_gw_proxy "$sep" "site-$p" "$(zl_netns_addr wan-site):$p" "127.0.0.1:$p"; sep=","
-    done
-    zl_gw_proxy "$sep" kafka "127.0.0.1:$(zl_port kafka)" "$(zl_netns_addr wan-dc):$(zl_port kafka)"
-    # The site reaches S3 at the address it is configured with (zl_addr s3), over its own link.
-    zl_gw_proxy "$sep" s3 "$(zl_addr s3)" "$(zl_netns_addr s3-dc):$(zl_port s3)"
-    echo "]"
-  } >"$conf"
-  zl_spawn gw-site ip netns exec "$ZL_NS" "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port gw-site)" -config "$conf"
-}
 zl_ready_gw_site() { ip netns exec "$ZL_NS" curl -sf -m 2 -o /dev/null "http://127.0.0.1:$(zl_port gw-site)/proxies"; }
+ZL_TIMEOUT_gw_dc=10
 ZL_TIMEOUT_gw_site=10
 
 # ---------------------------------------------------------------- faults

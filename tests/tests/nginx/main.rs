@@ -26,6 +26,8 @@ fn the_configs_up_generates_pass_nginx_t() {
         .current_dir(repo_root())
         .env("ZLINK_RUN", run.path())
         .env("ZLINK_PORT_BASE", "29000")
+        // (The plain topology: a network-namespace address cannot be bound here.)
+        .env("ZLINK_NETNS", "0")
         .output()
         .expect("bash");
     assert!(
