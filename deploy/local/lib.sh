@@ -101,6 +101,8 @@ zl_port() {
     dns) off=53 ;;
     gw-dc) off=151 ;;
     gw-site) off=152 ;;
+    gw-s3) off=433 ;;
+    gw-kafka) off=492 ;;
     site) off=79 ;;
     *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
   esac
@@ -705,12 +707,15 @@ zl_gw_routes() {
   for p in $(zl_site_ports); do
     if [[ "$side" == dc ]]; then echo "site-$p 127.0.0.1:$p $w:$p"; else echo "site-$p $w:$p 127.0.0.1:$p"; fi
   done
+  # On the dc's link addresses Kafka and S3 get ports of their own (gw-kafka, gw-s3): SeaweedFS
+  # refuses to start while its port is bound on any address.
+  local dk="$(zl_netns_addr wan-dc):$(zl_port gw-kafka)" ds="$(zl_netns_addr s3-dc):$(zl_port gw-s3)"
   if [[ "$side" == dc ]]; then
-    echo "kafka $(zl_netns_addr wan-dc):$k 127.0.0.1:$k"
-    echo "s3 $(zl_netns_addr s3-dc):$s 127.0.0.1:$s"
+    echo "kafka $dk 127.0.0.1:$k"
+    echo "s3 $ds 127.0.0.1:$s"
   else
-    echo "kafka 127.0.0.1:$k $(zl_netns_addr wan-dc):$k"
-    echo "s3 $(zl_addr s3) $(zl_netns_addr s3-dc):$s"
+    echo "kafka 127.0.0.1:$k $dk"
+    echo "s3 $(zl_addr s3) $ds"
   fi
 }
 zl_start_gw() {
