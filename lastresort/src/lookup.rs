@@ -110,7 +110,7 @@ impl Lookup {
         let cell = LayerCell::default();
         match self
             .fresh
-            .get_or_load(slug, &cell, self.load(slug, &cell))
+            .get_or_load(slug, &cell, || self.load(slug, &cell))
             .await
         {
             Ok(found) => Ok(found),

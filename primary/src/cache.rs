@@ -118,7 +118,7 @@ impl RedirectCache {
     pub async fn resolve(&self, slug: &str) -> Result<(Lookup, &'static str), StoreError> {
         let cell = LayerCell::default();
         self.local
-            .get_or_load(slug, &cell, self.load(slug, &cell))
+            .get_or_load(slug, &cell, || self.load(slug, &cell))
             .await
             .map_err(|shared| (*shared).clone())
     }

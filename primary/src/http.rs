@@ -123,7 +123,21 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     traced(t, redirect, slug.as_deref(), route_request(state, req)).await
 }
 
+/// Redirects (the hot path) are answered inline; every other route runs boxed, so the
+/// redirect's future stays small: the API handlers' futures are kilobytes, and a request's
+/// future is moved several times (into the deadline, the trace scope, the middleware's box).
 async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
+    if let Route::Redirect(slug) = Route::parse(req.uri().path()) {
+        if matches!(*req.method(), Method::GET | Method::HEAD) {
+            let mut resp = redirect::redirect(&state, &req, slug).await;
+            resp.extensions_mut().insert(RouteLabel("redirect"));
+            return resp;
+        }
+    }
+    Box::pin(other_route(state, req)).await
+}
+
+async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let route = Route::parse(&path);
     let method = req.method().clone();
@@ -149,9 +163,6 @@ async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::LinkStats(_), _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, &req, slug).await,
         (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
-        (Route::Redirect(slug), &Method::GET | &Method::HEAD) => {
-            Ok(redirect::redirect(&state, &req, slug).await)
-        }
         (Route::Redirect(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::ApiNotFound | Route::NotFound, _) => Err(ApiError::NotFound),
     };

@@ -63,10 +63,16 @@ impl IssuedIds {
         }
     }
 
+    /// Whether `id` was handed out by the mark known here (no store read): the hot path's
+    /// answer for nearly every real slug; [`Self::may_exist`] when it says no.
+    pub fn known_issued(&self, id: u64) -> bool {
+        id < self.mark.load(Ordering::Acquire)
+    }
+
     /// Whether `id` may have been handed out. Errors only when the counter had to be re-read
     /// and the store failed.
     pub async fn may_exist(&self, id: u64) -> Result<bool, StoreError> {
-        if id < self.mark.load(Ordering::Acquire) {
+        if self.known_issued(id) {
             return Ok(true);
         }
         let arrived = Instant::now();

@@ -42,7 +42,9 @@ impl Tier for AppState {
             return Ok(());
         }
         let may_exist = match self.codec.decode(slug) {
-            Some(id) => self.issued.may_exist(id).await,
+            Some(id) if self.issued.known_issued(id) => Ok(true),
+            // The counter re-read (a store call) stays out of the hot path's future.
+            Some(id) => Box::pin(self.issued.may_exist(id)).await,
             None => Ok(false),
         };
         match may_exist {

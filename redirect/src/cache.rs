@@ -109,25 +109,31 @@ impl<V: Answer> LocalCache<V> {
         }
     }
 
-    /// The cached answer, else the answer of `load` (shared with every concurrent caller for
-    /// the same slug), and the layer that answered: `load` records its layer in `cell` (which
-    /// the caller made for this call). A failed load is returned to everyone who waited for it
-    /// and is not cached.
-    pub async fn get_or_load<E>(
+    /// The cached answer, else the answer of `load()` (shared with every concurrent caller
+    /// for the same slug), and the layer that answered: `load` records its layer in `cell`
+    /// (which the caller made for this call). A failed load is returned to everyone who
+    /// waited for it and is not cached.
+    ///
+    /// A hit is a plain read; the miss path (entry coalescing and the tier's loader, whose
+    /// future holds client calls and is kilobytes) runs boxed, so a hit neither builds nor
+    /// moves it.
+    pub async fn get_or_load<E, F>(
         &self,
         slug: &str,
         cell: &LayerCell,
-        load: impl std::future::Future<Output = Result<V, E>>,
+        load: impl FnOnce() -> F,
     ) -> Result<(V, &'static str), Arc<E>>
     where
         E: Send + Sync + 'static,
+        F: std::future::Future<Output = Result<V, E>>,
     {
-        let entry = self
-            .cache
-            .entry_by_ref(slug)
-            .or_try_insert_with(load)
-            .await?;
+        if let Some(v) = self.cache.get(slug).await {
+            self.metrics.answered(layer::LOCAL);
+            return Ok((v, layer::LOCAL));
+        }
+        let entry = Box::pin(self.cache.entry_by_ref(slug).or_try_insert_with(load())).await?;
         if !entry.is_fresh() {
+            // Someone else loaded it between our read and our entry.
             self.metrics.answered(layer::LOCAL);
         }
         Ok((entry.into_value(), cell.get()))
