@@ -4,12 +4,15 @@
 //! - [`layers`]: which crate may depend on which, and no import cycle in any crate (lint step);
 //! - [`bench`]: benchmark drivers against the running topology (creates, cold reads, S3
 //!   visibility, a create flood, replication latency);
+//! - [`benchrun`]: the one-run benchmark's load step (wrk + CPU per request per process from
+//!   `/proc`) and its report (table, JSON, the dated row of `docs/benchmarks.md`);
 //! - [`alerts`]: the local Alertmanager webhook receiver;
 //! - [`docker`]: static checks of the container images' Dockerfile;
 //! - [`manifests`]: the generated files of the Kubernetes and Compose manifests.
 
 pub mod alerts;
 pub mod bench;
+pub mod benchrun;
 pub mod docker;
 pub mod layers;
 pub mod manifests;

@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use zlink_xtask::{alerts, bench, docker, layers, manifests, nginx};
+use zlink_xtask::{alerts, bench, benchrun, docker, layers, manifests, nginx};
 
 #[derive(Parser)]
 #[command(name = "zlink-xtask", about = "zlink tooling")]
@@ -61,6 +61,35 @@ enum Cmd {
     },
     /// The Alertmanager webhook receiver: append alerts to FILE as JSON lines.
     AlertReceiver { port: u16, file: PathBuf },
+    /// wrk against URL over the slugs of SLUGS while sampling the CPU time of --procs
+    /// (NAME=PID,...; descendants included): one RESULT line with CPU µs per request each.
+    Load {
+        #[arg(long)]
+        step: String,
+        url: String,
+        slugs: PathBuf,
+        #[arg(long, default_value = "deploy/local/bench/slugs.lua")]
+        script: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        secs: u32,
+        #[arg(long, default_value_t = 16)]
+        conns: u32,
+        #[arg(long, default_value_t = 2)]
+        threads: u32,
+        #[arg(long, default_value = "")]
+        procs: String,
+    },
+    /// Turn a run's RESULT lines into the table (stdout), JSON (--json) and a dated row
+    /// appended to --markdown.
+    BenchReport {
+        results: PathBuf,
+        #[arg(long)]
+        json: PathBuf,
+        #[arg(long)]
+        markdown: Option<PathBuf>,
+        #[arg(long, default_value = "")]
+        commit: String,
+    },
 }
 
 fn main() -> Result<()> {
@@ -113,5 +142,45 @@ fn main() -> Result<()> {
         } => rt()?.block_on(bench::flood(&base, n, seconds, source)),
         Cmd::Replication { n, concurrency } => rt()?.block_on(bench::replication(n, concurrency)),
         Cmd::AlertReceiver { port, file } => rt()?.block_on(alerts::serve(port, file)),
+        Cmd::Load {
+            step,
+            url,
+            slugs,
+            script,
+            secs,
+            conns,
+            threads,
+            procs,
+        } => benchrun::load(&benchrun::Load {
+            step: &step,
+            url: &url,
+            script: &script,
+            slugs: &slugs,
+            secs,
+            conns,
+            threads,
+            procs: benchrun::parse_procs(&procs)?,
+        }),
+        Cmd::BenchReport {
+            results,
+            json,
+            markdown,
+            commit,
+        } => {
+            let date = chrono::Utc::now().format("%Y-%m-%d %H:%M").to_string();
+            let r = benchrun::report(&benchrun::read_results(&results)?, &date, &commit);
+            print!("{}", r.table);
+            std::fs::write(&json, serde_json::to_string_pretty(&r.json)? + "\n")?;
+            println!("json: {}", json.display());
+            if let Some(md) = markdown {
+                let mut text = std::fs::read_to_string(&md)
+                    .unwrap_or_else(|_| benchrun::MD_HEADER.to_string());
+                text.push_str(&r.row);
+                text.push('\n');
+                std::fs::write(&md, text)?;
+                println!("row appended to {}", md.display());
+            }
+            Ok(())
+        }
     }
 }

@@ -25,6 +25,10 @@ struct Args {
     /// Stop waiting after this many seconds.
     #[arg(long, default_value_t = 300)]
     max_seconds: u64,
+    /// First wait (at most this long) until the counter has no backlog (consumer lag under
+    /// 100), so that only this run's events are counted in its time; fail if it does not.
+    #[arg(long, default_value_t = 0)]
+    settle_seconds: u64,
 }
 
 async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
@@ -52,6 +56,21 @@ async fn main() -> anyhow::Result<()> {
     anyhow::ensure!(a.slugs > 0 && a.slugs <= 1_000_000, "--slugs 1..=1000000");
     let http = reqwest::Client::new();
     let metrics = format!("{}/metrics", a.counter.trim_end_matches('/'));
+    if a.settle_seconds > 0 {
+        let until = Instant::now() + Duration::from_secs(a.settle_seconds);
+        loop {
+            let lag = metric(&http, &metrics, "zlink_clicks_consumer_lag").await;
+            if lag.is_some_and(|l| l < 100.0) {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < until,
+                "the counter still has a backlog ({lag:?} messages) after {} s: its rate would not be this run's",
+                a.settle_seconds
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
     let counted = r#"zlink_clicks_events_total{outcome="counted"}"#;
     let base = metric(&http, &metrics, counted).await.unwrap_or(0.0);
     let run = uuid::Uuid::new_v4().simple().to_string();
@@ -157,6 +176,14 @@ async fn main() -> anyhow::Result<()> {
         pick(0.5),
         pick(1.0),
         pick(1.0) / rate.max(1.0),
+    );
+    println!(
+        "RESULT events={} links={} counted={done:.0} seconds={:.1} events_per_s={rate:.0} produced_per_s={:.0} lag_max={:.0}",
+        a.events,
+        a.slugs,
+        elapsed.as_secs_f64(),
+        a.events as f64 / produced_s,
+        pick(1.0)
     );
     anyhow::ensure!(
         done >= a.events as f64,
