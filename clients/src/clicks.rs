@@ -30,6 +30,8 @@ const BATCH_RECORDS: usize = 1000;
 const BATCH_BYTES: usize = 1 << 20;
 /// How long the replayer waits for more clicks after the spool ran empty.
 const LINGER: Duration = Duration::from_millis(50);
+/// How often, at most, the replayer writes its spool position while clicks keep coming.
+const POSITION_INTERVAL: Duration = Duration::from_millis(100);
 /// After shutdown starts, how long the replayer may keep draining before it stops.
 const DRAIN_GRACE: Duration = Duration::from_secs(3);
 

@@ -589,6 +589,8 @@ ZL_TIMEOUT_nginx_exporter=10
 # named after the component it fronts and listens on that component's port + 200; with no
 # fault injected it only forwards bytes. ZLINK_FAULT_PROXIES=0 connects everything directly
 # (benchmarks of the nginx tiers), and then only kill and hang faults are available.
+# (`up` records the choice in the run dir: later `ctl` calls keep it.)
+[[ -z "${ZLINK_FAULT_PROXIES:-}" && -f "$ZLINK_RUN/no-fault-proxies" ]] && ZLINK_FAULT_PROXIES=0
 zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
 # Components with a fault proxy in front, and the port name each is reached on.
 zl_proxied_port() {

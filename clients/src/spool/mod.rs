@@ -298,6 +298,8 @@ impl Spool {
             cursor: pos,
             committed: pos,
             open: None,
+            durable: pos,
+            durable_at: Instant::now(),
         };
         Ok((
             Arc::new(Spool {

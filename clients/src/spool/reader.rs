@@ -11,11 +11,17 @@ pub struct Batch {
 
 /// The only reader of a spool. Reads move a cursor; [`Reader::commit`] makes a batch's end the
 /// durable position, [`Reader::rewind`] goes back to the last commit (to resend after a failure).
+/// [`Reader::commit_relaxed`] moves the position in memory and makes it durable at most every
+/// so often (each durable write is two fsyncs): a crash then delivers again what was committed
+/// since the last durable write, which record ids make harmless.
 pub struct Reader {
     pub(super) shared: Arc<Shared>,
     pub(super) cursor: Position,
     pub(super) committed: Position,
     pub(super) open: Option<(u64, File)>,
+    /// The position on disk, and when it was written.
+    pub(super) durable: Position,
+    pub(super) durable_at: Instant,
 }
 
 impl Reader {
@@ -119,18 +125,54 @@ impl Reader {
     /// Makes `batch.end` the durable position and deletes the segments before it. Call after
     /// the batch's records were delivered, in read order. Blocking file I/O.
     pub fn commit(&mut self, batch: &Batch) -> io::Result<()> {
-        let Some(end) = batch.end else { return Ok(()) };
-        if end <= self.committed {
+        self.advance(batch);
+        self.persist()
+    }
+
+    /// Like [`Self::commit`], but the position reaches the disk only if the last durable write
+    /// is `min_interval` old or segments can be deleted; [`Self::persist`] forces it (when
+    /// idle, on shutdown). Blocking file I/O when it writes.
+    pub fn commit_relaxed(&mut self, batch: &Batch, min_interval: Duration) -> io::Result<()> {
+        self.advance(batch);
+        if self.committed.segment > self.durable.segment
+            || self.durable_at.elapsed() >= min_interval
+        {
+            self.persist()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the committed position is ahead of the one on disk.
+    pub fn unpersisted(&self) -> bool {
+        self.committed > self.durable
+    }
+
+    /// Writes the committed position to disk if it moved, then deletes the segments before it.
+    pub fn persist(&mut self) -> io::Result<()> {
+        if self.committed <= self.durable {
             return Ok(());
         }
         let dir = &self.shared.cfg.dir;
+        let end = self.committed;
         write_position(dir, end)?;
-        for seq in self.committed.segment..end.segment {
+        for seq in self.durable.segment..end.segment {
             let path = segment_path(dir, seq);
             if let Ok(m) = fs::metadata(&path) {
                 fs::remove_file(&path)?;
                 self.shared.disk_bytes.fetch_sub(m.len(), Ordering::Relaxed);
             }
+        }
+        self.durable = end;
+        self.durable_at = Instant::now();
+        Ok(())
+    }
+
+    /// Moves the committed position (in memory) to `batch.end` and counts its records done.
+    fn advance(&mut self, batch: &Batch) {
+        let Some(end) = batch.end else { return };
+        if end <= self.committed {
+            return;
         }
         self.committed = end;
         let n = batch.records.len() as u64;
@@ -140,6 +182,5 @@ impl Reader {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
                 Some(p.saturating_sub(n))
             });
-        Ok(())
     }
 }

@@ -242,3 +242,40 @@ fn a_reader_racing_a_writer_sees_every_record_once_in_order() {
     writer.join().unwrap();
     assert_eq!(got, (0..5000).map(rec).collect::<Vec<_>>());
 }
+
+#[test]
+fn relaxed_commits_reach_the_disk_when_due_or_persisted_and_a_crash_resends_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+        for i in 0..30 {
+            spool.append(&rec(i)).unwrap();
+        }
+        let first = r.read(10, 1 << 20).unwrap();
+        // Due at once (zero interval): on disk.
+        r.commit_relaxed(&first, Duration::ZERO).unwrap();
+        assert!(!r.unpersisted());
+        let second = r.read(10, 1 << 20).unwrap();
+        // Not due: in memory only, but counted done.
+        r.commit_relaxed(&second, Duration::from_secs(3600))
+            .unwrap();
+        assert!(r.unpersisted());
+        assert_eq!(spool.stats().pending, 10);
+    }
+    // A crash before the position was persisted: 10..30 come again (ids make it harmless).
+    {
+        let (_spool, mut r, recovered) = Spool::open(cfg(dir.path())).unwrap();
+        assert_eq!(recovered.pending, 20);
+        let (all, last) = read_all(&mut r);
+        assert_eq!(all, (10..30).map(rec).collect::<Vec<_>>());
+        let done = Batch {
+            records: all,
+            end: last.end,
+        };
+        r.commit_relaxed(&done, Duration::from_secs(3600)).unwrap();
+        r.persist().unwrap();
+        assert!(!r.unpersisted());
+    }
+    let (_spool, _r, recovered) = Spool::open(cfg(dir.path())).unwrap();
+    assert_eq!(recovered.pending, 0);
+}
