@@ -88,6 +88,7 @@ zl_port() {
     replicator) off=85 ;;
     clicks) off=86 ;;
     bench-nginx) off=190 ;;
+    bench-counter) off=191 ;;
     nginx-frontend) off=180 ;;
     nginx-lastresort) off=181 ;;
     nginx-frontend-status) off=182 ;;
