@@ -30,13 +30,14 @@ fn bench(c: &mut Criterion) {
     let peer = "127.0.0.1".parse().unwrap();
     let trusted: clicks::TrustedProxies = clicks::DEFAULT_TRUSTED_PROXIES.parse().unwrap();
     let trace = zlink_clients::trace::TraceContext::root();
+    let geo = zlink_clients::geo::Geo::none();
     let mut g = c.benchmark_group("click");
     g.throughput(Throughput::Elements(1));
     g.bench_function("event+frame", |b| {
         b.iter(|| {
             let origin = trusted.origin(peer, &h, 1);
             clicks::frame(
-                &clicks::event(Tier::Lastresort, "salt", "aB3dE5f", &origin, &h),
+                &clicks::event(Tier::Lastresort, "salt", &geo, "aB3dE5f", &origin, &h),
                 Some(&trace),
             )
         })
@@ -52,6 +53,7 @@ fn bench(c: &mut Criterion) {
         &clicks::event(
             Tier::Lastresort,
             "salt",
+            &geo,
             "aB3dE5f",
             &trusted.origin(peer, &h, 1),
             &h,

@@ -11,6 +11,7 @@
 //! - [`clock`]: time as a dependency (a manual clock for tests).
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
 //! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
+//! - [`geo`]: country and city of a client address (MaxMind-format database, hot reload).
 //! - [`trace`]: W3C trace context, spans exported over OTLP, sampled request logs.
 //! - [`Secret`]: a config value that never prints.
 
@@ -18,6 +19,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod clicks;
 pub mod clock;
+pub mod geo;
 pub mod kafka;
 pub mod memcache;
 pub mod ops;

@@ -74,9 +74,9 @@ DASHBOARDS = {
         ("Click → counted", "s", [
             ("p99", 'histogram_quantile(0.99, sum by (le) (rate(zlink_clicks_click_to_count_seconds_bucket[5m])))'),
         ]),
-        ("Counter batches and conflicts", "ops", [
+        ("Counter batches and clicks by outcome", "ops", [
             ("batches", 'sum(rate(zlink_clicks_batches_total[5m]))'),
-            ("conflicts", 'sum(rate(zlink_clicks_conflicts_total[5m]))'),
+            ("{{outcome}}", 'sum by (outcome) (rate(zlink_clicks_events_total[5m]))'),
         ]),
     ]),
     "zlink-writes": ("zlink — write path", [

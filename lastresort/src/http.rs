@@ -32,6 +32,8 @@ pub struct State {
     pub nginx_log: Option<Arc<crate::nginxlog::Tailer>>,
     /// Proxies whose forwarding headers are believed (the host nginx).
     pub trusted: clicks::TrustedProxies,
+    /// Country and city of a click's client (`--geoip-db`).
+    pub geo: Arc<zlink_clients::geo::Geo>,
 }
 
 impl Tier for State {
@@ -64,6 +66,7 @@ impl Tier for State {
             Peer::ip_of(req),
             req.headers(),
             trace.as_ref(),
+            &self.geo,
         )
     }
 

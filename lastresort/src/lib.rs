@@ -76,6 +76,11 @@ pub fn state(
         s3_breaker,
         metrics.clone(),
     );
+    let geo = zlink_clients::geo::Geo::open(
+        cfg.clicks.geoip_db.clone(),
+        zlink_clients::clicks::GEOIP_CHECK,
+        Some(metrics.clicks.geoip_loads.clone()),
+    );
     let nginx_log = cfg.nginx_click_log.as_ref().map(|log| {
         Arc::new(nginxlog::Tailer {
             log: log.clone(),
@@ -86,11 +91,13 @@ pub fn state(
                 .unwrap_or_default()
                 .join("nginx-click-log.position"),
             salt: cfg.clicks.ip_hash_salt.0.clone(),
+            geo: geo.clone(),
             clicks: clicks.clone(),
             metrics: metrics.clone(),
         })
     });
     Ok(Arc::new(http::State {
+        geo,
         trusted: cfg.clicks.trusted_proxies.clone(),
         nginx_log,
         lookup,

@@ -44,7 +44,11 @@ struct Line {
 }
 
 /// One log line as the click event it records, or why it cannot be one.
-pub fn parse_line(line: &str, salt: &str) -> Result<ClickEvent, &'static str> {
+pub fn parse_line(
+    line: &str,
+    salt: &str,
+    geo: &Arc<zlink_clients::geo::Geo>,
+) -> Result<ClickEvent, &'static str> {
     if line.len() > MAX_LINE {
         return Err("too long");
     }
@@ -80,6 +84,7 @@ pub fn parse_line(line: &str, salt: &str) -> Result<ClickEvent, &'static str> {
     Ok(clicks::event(
         Tier::LastresortNginx,
         salt,
+        geo,
         &l.slug,
         &origin,
         &headers,
@@ -129,6 +134,7 @@ pub struct Tailer {
     pub log: PathBuf,
     pub position_file: PathBuf,
     pub salt: String,
+    pub geo: Arc<zlink_clients::geo::Geo>,
     pub clicks: Arc<Clicks>,
     pub metrics: Arc<Metrics>,
 }
@@ -169,7 +175,7 @@ impl Tailer {
         for line in buf[..end].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             match std::str::from_utf8(line)
                 .map_err(|_| "utf-8")
-                .and_then(|l| parse_line(l, &self.salt))
+                .and_then(|l| parse_line(l, &self.salt, &self.geo))
             {
                 Ok(ev) => events.push(ev),
                 Err(reason) => {
@@ -220,7 +226,8 @@ mod tests {
 
     #[test]
     fn a_log_line_is_the_click_it_records() {
-        let ev = parse_line(LINE, "salt").unwrap();
+        let geo = zlink_clients::geo::Geo::none();
+        let ev = parse_line(LINE, "salt", &geo).unwrap();
         assert_eq!(
             ev.id.simple().to_string(),
             "0123456789abcdef0123456789abcdef"
@@ -235,7 +242,7 @@ mod tests {
             clicks::ip_hash("salt", "198.51.100.7".parse().unwrap())
         );
         // The same line twice is the same event (the counter dedups on the id).
-        assert_eq!(parse_line(LINE, "salt").unwrap().id, ev.id);
+        assert_eq!(parse_line(LINE, "salt", &geo).unwrap().id, ev.id);
     }
 
     #[test]
@@ -247,8 +254,15 @@ mod tests {
             ("1795328181.120", "soon", "time"),
             ("198.51.100.7", "nobody", "ip"),
         ] {
-            assert_eq!(parse_line(&LINE.replace(from, to), "s").unwrap_err(), why);
+            let geo = zlink_clients::geo::Geo::none();
+            assert_eq!(
+                parse_line(&LINE.replace(from, to), "s", &geo).unwrap_err(),
+                why
+            );
         }
-        assert_eq!(parse_line("{", "s").unwrap_err(), "json");
+        assert_eq!(
+            parse_line("{", "s", &zlink_clients::geo::Geo::none()).unwrap_err(),
+            "json"
+        );
     }
 }

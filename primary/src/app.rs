@@ -33,6 +33,8 @@ pub struct Settings {
     pub ip_hash_salt: String,
     /// Whose X-Request-Id / X-Request-Start / X-Forwarded-For make a click's id, time, client.
     pub trusted_proxies: zlink_clients::clicks::TrustedProxies,
+    /// Country and city of a click's client (`--geoip-db`).
+    pub geo: Arc<zlink_clients::geo::Geo>,
 }
 
 pub struct AppState {
@@ -128,6 +130,11 @@ impl AppState {
             redirect_timeout: Duration::from_millis(cfg.redirect_timeout_ms),
             ip_hash_salt: cfg.clicks.ip_hash_salt.0.clone(),
             trusted_proxies: cfg.clicks.trusted_proxies.clone(),
+            geo: zlink_clients::geo::Geo::open(
+                cfg.clicks.geoip_db.clone(),
+                zlink_clients::clicks::GEOIP_CHECK,
+                Some(metrics.clicks.geoip_loads.clone()),
+            ),
         };
         let own = url::Url::parse(&cfg.public_base_url)
             .ok()

@@ -1,11 +1,12 @@
 //! The click counter (`primary count-clicks`, component `clicks`): consumes the `clicks` topic
 //! and keeps per-link aggregates in ScyllaDB, counting every event exactly once.
 //!
-//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), group
-//! them by (link, UTC day), count every group with [`ClickStore::count`] (dedup by event id and
-//! counts in one conditional batch; see [`zlink_store::clicks`]), and only then store the
-//! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
-//! uncommitted batches, and counting them again changes nothing.
+//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), split
+//! them by source (partition of the topic), count each source's part with its
+//! [`SourceCounter`] (the sources at the same time; see [`zlink_store::clicks`] for why each
+//! click is counted once), and only then store the batch's offsets for librdkafka's
+//! auto-commit. A crash anywhere re-delivers at most the uncommitted batches, and counting them
+//! again changes nothing.
 
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -23,7 +24,8 @@ use zlink_clients::kafka;
 use zlink_clients::kafka::is_topic_name;
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
-use zlink_store::clicks::{day_of, ClickStore, Counted};
+use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
+use zlink_store::clicks::{ClickStore, Counted};
 use zlink_store::StoreConfig;
 use zlink_store::{Db, StoreError};
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
@@ -51,14 +53,23 @@ pub struct CountConfig {
     #[arg(long, env = "ZLINK_CLICKS_DEDUP_DAYS", default_value_t = 45)]
     pub dedup_days: u32,
     /// Most messages per batch.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 5000)]
     pub batch_max: usize,
     /// How long a batch waits for more messages after its first, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub batch_wait_ms: u64,
-    /// (link, day) groups counted at the same time.
-    #[arg(long, default_value_t = 8)]
+    /// Store round trips in flight at once, per source (partition of the topic).
+    #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
+    /// (link, day) states kept in memory between batches, shared out among the sources (about
+    /// 0.5 KiB each); beyond it the least recently used are dropped and read again when needed.
+    #[arg(long, env = "ZLINK_CLICKS_KEY_CACHE", default_value_t = 200_000)]
+    pub key_cache: usize,
+    /// Ids of counted clicks kept in memory, shared out among the sources (about 40 bytes each),
+    /// a minute of click time at a time; beyond it the least recently used minutes are dropped
+    /// and read again.
+    #[arg(long, env = "ZLINK_CLICKS_ID_CACHE", default_value_t = 2_000_000)]
+    pub id_cache: usize,
     /// Fault injection for tests and drills: abort the process after the N-th batch was counted
     /// and before its offsets are stored (a crash at the worst moment).
     #[arg(long, hide = true)]
@@ -93,17 +104,25 @@ impl CountConfig {
         if !(1..=256).contains(&self.concurrency) {
             return Err("--concurrency must be between 1 and 256".into());
         }
+        if !(1_000..=100_000_000).contains(&self.key_cache)
+            || !(10_000..=1_000_000_000).contains(&self.id_cache)
+        {
+            return Err(
+                "--key-cache must be between 1000 and 1e8, --id-cache between 10000 and 1e9".into(),
+            );
+        }
         Ok(())
     }
 }
 
 pub struct CounterMetrics {
     registry: Registry,
-    /// Events by outcome: counted, duplicate (already counted), invalid (skipped).
+    /// Events by outcome: counted, duplicate (a copy of a counted click), redelivered (an
+    /// offset already counted), invalid (skipped).
     pub events: IntCounterVec,
     pub batches: IntCounter,
-    /// Conditional batches that lost to another writer and were recomputed.
-    pub conflicts: IntCounter,
+    /// What the sources hold in memory: `keys` ((link, day) states), `ids`.
+    pub held: IntGaugeVec,
     /// Failed store round trips (retried).
     pub store_errors: IntCounter,
     /// From the click to its count being stored, seconds (stats freshness).
@@ -121,9 +140,9 @@ impl CounterMetrics {
         )
         .expect("metric");
         let batches = IntCounter::new("batches_total", "Batches counted").expect("metric");
-        let conflicts = IntCounter::new(
-            "conflicts_total",
-            "Conditional batches lost to another writer",
+        let held = IntGaugeVec::new(
+            Opts::new("held", "State held in memory by the counter's sources"),
+            &["what"],
         )
         .expect("metric");
         let store_errors =
@@ -142,7 +161,7 @@ impl CounterMetrics {
         for c in [
             Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(batches.clone()),
-            Box::new(conflicts.clone()),
+            Box::new(held.clone()),
             Box::new(store_errors.clone()),
             Box::new(click_to_count_seconds.clone()),
             Box::new(consumer_lag.clone()),
@@ -153,7 +172,7 @@ impl CounterMetrics {
             registry,
             events,
             batches,
-            conflicts,
+            held,
             store_errors,
             click_to_count_seconds,
             consumer_lag,
@@ -170,6 +189,9 @@ impl Default for CounterMetrics {
         Self::new()
     }
 }
+
+/// How long a source's state is kept without a batch for it.
+const SOURCE_IDLE: Duration = Duration::from_secs(300);
 
 /// Earliest click time accepted (2020-01-01): anything before is a broken clock or a forgery.
 const EARLIEST_MS: i64 = 1_577_836_800_000;
@@ -313,20 +335,21 @@ impl Counter {
 
     async fn consume(self: &Arc<Self>, shutdown: &CancellationToken) {
         let mut batches = 0u64;
+        let mut sources: HashMap<String, SourceCounter> = HashMap::new();
         while let Some(batch) = self.next_batch(shutdown).await {
             let now = now_ms();
-            let mut groups: HashMap<(String, i32), Vec<ClickEvent>> = HashMap::new();
-            let mut offsets: HashMap<(String, i32), i64> = HashMap::new();
+            let mut parts: HashMap<(String, i32), Part> = HashMap::new();
             for m in &batch {
-                let last = offsets
+                let part = parts
                     .entry((m.topic().to_string(), m.partition()))
-                    .or_insert(0);
-                *last = (*last).max(m.offset());
+                    .or_insert_with(|| Part {
+                        first: m.offset(),
+                        last: m.offset(),
+                        events: Vec::new(),
+                    });
+                part.last = m.offset();
                 match decode(m.payload(), now) {
-                    Ok(ev) => groups
-                        .entry((ev.slug.clone(), day_of(ev.at_ms)))
-                        .or_default()
-                        .push(ev),
+                    Ok(ev) => part.events.push((m.offset(), ev)),
                     Err(reason) => {
                         self.metrics.events.with_label_values(&["invalid"]).inc();
                         tracing::warn!(
@@ -338,11 +361,30 @@ impl Counter {
                     }
                 }
             }
-            if !self.count_all(groups, shutdown).await {
+            let offsets: Vec<(String, i32, i64)> = parts
+                .iter()
+                .map(|((t, p), part)| (t.clone(), *p, part.last))
+                .collect();
+            if !self.count_all(&mut sources, parts, shutdown).await {
                 return; // shutting down: the batch stays uncommitted and is counted by whoever comes next
             }
+            // A partition that went to another member (or went quiet) gives its memory back;
+            // if it comes back, its state is read again.
+            sources.retain(|_, c| c.idle_for() < SOURCE_IDLE);
             batches += 1;
             self.metrics.batches.inc();
+            let (keys, ids) = sources
+                .values()
+                .map(SourceCounter::held)
+                .fold((0, 0), |(k, i), (k2, i2)| (k + k2, i + i2));
+            self.metrics
+                .held
+                .with_label_values(&["keys"])
+                .set(keys as i64);
+            self.metrics
+                .held
+                .with_label_values(&["ids"])
+                .set(ids as i64);
             if self.cfg.failpoint_abort_after_batches == Some(batches) {
                 tracing::error!(
                     batches,
@@ -350,94 +392,123 @@ impl Counter {
                 );
                 std::process::abort();
             }
-            for ((topic, partition), last) in offsets {
+            for (topic, partition, last) in offsets {
                 kafka::store_done(&self.consumer, &topic, partition, last);
             }
         }
     }
 
-    /// Counts every group, at most `--concurrency` at once, each retried until it is stored.
-    /// False if shutdown came first.
+    /// Counts every source's part of the batch, the sources at the same time, each retried until
+    /// it is stored. False if shutdown came first.
     async fn count_all(
         self: &Arc<Self>,
-        groups: HashMap<(String, i32), Vec<ClickEvent>>,
+        sources: &mut HashMap<String, SourceCounter>,
+        parts: HashMap<(String, i32), Part>,
         shutdown: &CancellationToken,
     ) -> bool {
         let mut running = tokio::task::JoinSet::new();
-        let mut ok = true;
-        for ((slug, day), events) in groups {
-            while running.len() >= self.cfg.concurrency {
-                ok &= running
-                    .join_next()
-                    .await
-                    .and_then(Result::ok)
-                    .unwrap_or(false);
-            }
+        let new = parts
+            .keys()
+            .filter(|(t, p)| !sources.contains_key(&source_name(t, *p)))
+            .count();
+        let limits = self.limits(sources.len() + new);
+        for ((topic, partition), part) in parts {
+            let src = source_name(&topic, partition);
+            let mut counter = sources
+                .remove(&src)
+                .unwrap_or_else(|| SourceCounter::new(self.clicks.clone(), src, limits));
+            counter.set_limits(limits);
             let (this, shutdown) = (self.clone(), shutdown.clone());
-            running.spawn(async move { this.count_group(&slug, day, &events, &shutdown).await });
+            running.spawn(async move { this.count_part(counter, part, &shutdown).await });
         }
+        let mut ok = true;
         while let Some(r) = running.join_next().await {
-            ok &= r.unwrap_or(false);
+            match r {
+                Ok((counter, done)) => {
+                    ok &= done;
+                    sources.insert(counter.source().to_string(), counter);
+                }
+                Err(_) => ok = false,
+            }
         }
         ok
     }
 
-    async fn count_group(
+    /// Each of `sources` sources' share of the memory limits.
+    fn limits(&self, sources: usize) -> Limits {
+        let n = sources.max(1);
+        Limits {
+            keys: (self.cfg.key_cache / n).max(100),
+            ids: (self.cfg.id_cache / n).max(1000),
+            concurrency: self.cfg.concurrency,
+            dedup_ttl_s: i32::try_from(u64::from(self.cfg.dedup_days) * 86_400).unwrap_or(i32::MAX),
+        }
+    }
+
+    async fn count_part(
         &self,
-        slug: &str,
-        day: i32,
-        events: &[ClickEvent],
+        mut counter: SourceCounter,
+        part: Part,
         shutdown: &CancellationToken,
-    ) -> bool {
-        let ttl_s = i32::try_from(u64::from(self.cfg.dedup_days) * 86_400).unwrap_or(i32::MAX);
+    ) -> (SourceCounter, bool) {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let started = Instant::now();
-            match self.clicks.count(slug, day, events, ttl_s).await {
+            match counter.count(part.first, part.last, &part.events).await {
                 Ok(Counted {
                     counted,
                     duplicates,
-                    conflicts,
+                    redelivered,
                 }) => {
                     let m = &self.metrics;
                     m.events.with_label_values(&["counted"]).inc_by(counted);
                     m.events
                         .with_label_values(&["duplicate"])
                         .inc_by(duplicates);
-                    m.conflicts.inc_by(conflicts);
+                    m.events
+                        .with_label_values(&["redelivered"])
+                        .inc_by(redelivered);
                     if counted > 0 {
                         let now = now_ms();
-                        for e in events {
+                        for (_, e) in &part.events {
                             m.click_to_count_seconds
                                 .observe((now - e.at_ms).max(0) as f64 / 1000.0);
                         }
                     }
                     tracing::debug!(
-                        slug,
-                        day,
+                        src = counter.source(),
+                        first = part.first,
+                        last = part.last,
                         counted,
                         duplicates,
+                        redelivered,
                         took_ms = started.elapsed().as_millis() as u64,
                         "counted"
                     );
-                    return true;
+                    return (counter, true);
                 }
                 Err(e) => {
                     self.metrics.store_errors.inc();
-                    let level_error = matches!(e, StoreError::Corrupt(_));
-                    if level_error {
-                        tracing::error!(slug, day, error = %e, "counting failed; retrying");
+                    if matches!(e, StoreError::Corrupt(_)) {
+                        tracing::error!(src = counter.source(), error = %e, "counting failed; retrying");
                     } else {
-                        tracing::warn!(slug, day, error = %e, "counting failed; retrying");
+                        tracing::warn!(src = counter.source(), error = %e, "counting failed; retrying");
                     }
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => return false,
+                _ = shutdown.cancelled() => return (counter, false),
                 _ = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
     }
+}
+
+/// One source's part of a batch: its offsets `first..=last` and the valid events among them.
+struct Part {
+    first: i64,
+    last: i64,
+    events: Vec<(i64, ClickEvent)>,
 }
 
 #[cfg(test)]

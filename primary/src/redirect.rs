@@ -75,6 +75,7 @@ impl Tier for AppState {
         let ev = clicks::event(
             ClickTier::Primary,
             &self.settings.ip_hash_salt,
+            &self.settings.geo,
             slug,
             &origin,
             req.headers(),

@@ -1,38 +1,38 @@
 //! Click aggregates in ScyllaDB: the counting rules (which rows one click changes), the
-//! counter's exactly-once write, and the read model behind the stats API and the info page.
+//! counter's exactly-once writer ([`writer`]), and the read model behind the stats API and the
+//! info page.
 //!
-//! Exactly once: all clicks of one link on one UTC day live in one partition of
-//! `click_counts`, next to the ids of the events already counted there. The counter reads the
-//! partition (version, counts), drops events whose id is already recorded, and writes the new
-//! counts plus the new ids in ONE conditional single-partition batch guarded by
-//! `IF version = <the version it read>`. Such a batch is atomic and isolated, so either the
-//! ids and the counts they produced are both stored or neither is: a crash before it changes
-//! nothing, a crash after it leaves ids that make any redelivery a no-op, and a concurrent
-//! writer (a consumer that lost its partition but does not know yet) makes the condition fail,
-//! after which the batch is recomputed from a fresh read.
+//! Exactly once, in short (the argument in full: ARCHITECTURE.md, Counting): every click of a
+//! link goes to one partition of the clicks topic (the source); one counter owns a source at a
+//! time and counts its clicks in offset order. Per (link, day, source) it stores absolute counts
+//! together with `upto`, the offset of the newest click they include, written with that offset
+//! as the write timestamp; the ids of counted clicks go to a dedup index per (source, minute of
+//! the click) before the counts that include them. A redelivered click (offset ≤ `upto`) was
+//! counted; a copy of a click (same id, another offset) is found in the index; a zombie writer
+//! can only write values that are right for their offset, and the furthest offset wins.
 
 use crate::db::{self as store, Db, StoreError};
-use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
-use scylla::value::CqlValue;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use uuid::Uuid;
-use zlink_wire::events::{AgentClass, ClickEvent, Tier};
+use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier};
+
+pub mod writer;
 
 pub const DAY_MS: i64 = 86_400_000;
 /// Distinct referrer hosts kept per link and day; the rest are counted under [`OTHER`].
 pub const MAX_REFERRERS_PER_DAY: usize = 100;
+/// Distinct cities kept per link and day (and source); the rest are counted under [`OTHER`].
+pub const MAX_CITIES_PER_DAY: usize = 100;
 pub const DIRECT: &str = "(direct)";
 pub const OTHER: &str = "(other)";
 pub const UNKNOWN: &str = "(unknown)";
-/// Events per conditional batch: keeps every batch far below Cassandra's 50 KiB batch limit.
-pub const CHUNK: usize = 100;
-/// Conditional batches lost in a row before giving up (only a second writer makes one lose).
-const MAX_ATTEMPTS: usize = 16;
-
 const COUNT: &str = "c";
 const REFERRER: &str = "r";
+/// Country: key = ISO code or [`UNKNOWN`].
+const COUNTRY: &str = "g";
+/// City: key = `<ISO code>/<city name>`, only for clicks whose city is known.
+const CITY: &str = "t";
 
 /// Days since 1970-01-01 (UTC) of a time in milliseconds.
 pub fn day_of(ms: i64) -> i32 {
@@ -77,11 +77,22 @@ pub fn referrer_host(referrer: Option<&str>) -> String {
 /// (kind, key) of a count row.
 pub type RowKey = (String, String);
 
-/// The count rows of one (link, day) partition and its version (`None`: never written).
+/// The count rows of one (link, day) as one source counted them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DayCounts {
-    pub version: Option<i64>,
     pub rows: BTreeMap<RowKey, i64>,
+}
+
+/// A count row's name in `click_totals.n`: `<kind>:<key>` (the kind is one letter, so a key
+/// with colons, e.g. an IPv6 referrer host, splits back unchanged).
+pub fn cell_name((kind, key): &RowKey) -> String {
+    format!("{kind}:{key}")
+}
+
+/// The row a `click_totals.n` name stands for; `None` for a name no rule writes.
+pub fn parse_cell(name: &str) -> Option<RowKey> {
+    let (kind, key) = name.split_once(':')?;
+    matches!(kind, COUNT | REFERRER | COUNTRY | CITY).then(|| (kind.to_string(), key.to_string()))
 }
 
 impl DayCounts {
@@ -89,36 +100,59 @@ impl DayCounts {
     /// its new value.
     pub fn add(&mut self, events: &[&ClickEvent]) -> BTreeMap<RowKey, i64> {
         let mut changed = BTreeMap::new();
-        let mut referrers = self
-            .rows
-            .keys()
-            .filter(|(kind, key)| kind == REFERRER && key != OTHER)
-            .count();
+        let distinct = |kind: &str| {
+            self.rows
+                .keys()
+                .filter(|(k, key)| k == kind && key != OTHER)
+                .count()
+        };
+        let (mut referrers, mut cities) = (distinct(REFERRER), distinct(CITY));
         for ev in events {
-            let host = referrer_host(ev.referrer.as_deref());
-            let known = self
-                .rows
-                .contains_key(&(REFERRER.to_string(), host.clone()));
-            let referrer = if known {
-                host
-            } else if referrers < MAX_REFERRERS_PER_DAY {
-                referrers += 1;
-                host
-            } else {
-                OTHER.to_string()
-            };
+            let referrer = self.capped(
+                REFERRER,
+                referrer_host(ev.referrer.as_deref()),
+                &mut referrers,
+                MAX_REFERRERS_PER_DAY,
+            );
+            let country = ev.country.clone().unwrap_or_else(|| UNKNOWN.to_string());
+            let city = ev.city.as_ref().map(|c| {
+                self.capped(
+                    CITY,
+                    format!("{country}/{c}"),
+                    &mut cities,
+                    MAX_CITIES_PER_DAY,
+                )
+            });
             for key in [
                 (COUNT.to_string(), "total".to_string()),
                 (COUNT.to_string(), format!("tier:{}", tier_name(ev.tier))),
                 (COUNT.to_string(), format!("agent:{}", agent_name(ev.agent))),
+                (COUNT.to_string(), format!("device:{}", ev.device.name())),
                 (REFERRER.to_string(), referrer),
-            ] {
+                (COUNTRY.to_string(), country),
+            ]
+            .into_iter()
+            .chain(city.map(|c| (CITY.to_string(), c)))
+            {
                 let n = self.rows.entry(key.clone()).or_insert(0);
                 *n += 1;
                 changed.insert(key, *n);
             }
         }
         changed
+    }
+
+    /// `key` if it has a row already or there is room for one more of `kind` (`seen` of the
+    /// `cap` used), else [`OTHER`].
+    fn capped(&self, kind: &str, key: String, seen: &mut usize, cap: usize) -> String {
+        if self.rows.contains_key(&(kind.to_string(), key.clone())) {
+            key
+        } else if *seen < cap {
+            *seen += 1;
+            key
+        } else {
+            OTHER.to_string()
+        }
     }
 }
 
@@ -130,6 +164,12 @@ pub struct LinkStats {
     pub by_agent: BTreeMap<String, i64>,
     pub per_day: BTreeMap<i32, i64>,
     pub referrers: BTreeMap<String, i64>,
+    pub by_device: BTreeMap<String, i64>,
+    /// ISO code (or `(unknown)`) → clicks.
+    pub countries: BTreeMap<String, i64>,
+    /// `<ISO code>/<city>` (or `(other)` past the daily cap) → clicks; clicks without a known
+    /// city are not here.
+    pub cities: BTreeMap<String, i64>,
 }
 
 impl LinkStats {
@@ -145,9 +185,13 @@ impl LinkStats {
                         *self.by_tier.entry(t.to_string()).or_insert(0) += n;
                     } else if let Some(a) = k.strip_prefix("agent:") {
                         *self.by_agent.entry(a.to_string()).or_insert(0) += n;
+                    } else if let Some(d) = k.strip_prefix("device:") {
+                        *self.by_device.entry(d.to_string()).or_insert(0) += n;
                     }
                 }
                 (REFERRER, host) => *self.referrers.entry(host.to_string()).or_insert(0) += n,
+                (COUNTRY, cc) => *self.countries.entry(cc.to_string()).or_insert(0) += n,
+                (CITY, city) => *self.cities.entry(city.to_string()).or_insert(0) += n,
                 _ => {}
             }
         }
@@ -165,14 +209,7 @@ impl LinkStats {
 
     /// The `n` referrers with the most clicks (ties by name).
     pub fn top_referrers(&self, n: usize) -> Vec<(&str, i64)> {
-        let mut v: Vec<(&str, i64)> = self
-            .referrers
-            .iter()
-            .map(|(k, n)| (k.as_str(), *n))
-            .collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-        v.truncate(n);
-        v
+        top(&self.referrers, n)
     }
 
     /// The stats API's body: totals, the `days` days up to `today` (zeros included), per tier,
@@ -211,6 +248,28 @@ impl LinkStats {
             .into_iter()
             .map(|(r, n)| serde_json::json!({"referrer": r, "clicks": n}))
             .collect();
+        let devices: BTreeMap<&str, i64> = [
+            Device::Desktop,
+            Device::Mobile,
+            Device::Tablet,
+            Device::Other,
+        ]
+        .into_iter()
+        .map(|d| (d.name(), self.by_device.get(d.name()).copied().unwrap_or(0)))
+        .collect();
+        let countries: Vec<serde_json::Value> = top(&self.countries, 10)
+            .into_iter()
+            .map(|(c, n)| serde_json::json!({"country": c, "clicks": n}))
+            .collect();
+        let cities: Vec<serde_json::Value> = top(&self.cities, 10)
+            .into_iter()
+            .map(|(key, n)| match key.split_once('/') {
+                Some((country, city)) => {
+                    serde_json::json!({"country": country, "city": city, "clicks": n})
+                }
+                None => serde_json::json!({"country": null, "city": key, "clicks": n}),
+            })
+            .collect();
         serde_json::json!({
             "slug": slug,
             "total": self.total,
@@ -220,33 +279,44 @@ impl LinkStats {
             "by_tier": tiers,
             "last_days": recent,
             "top_referrers": referrers,
+            "by_device": devices,
+            "top_countries": countries,
+            "top_cities": cities,
         })
     }
 }
 
-/// What one [`ClickStore::count`] did.
+/// The `n` keys with the most clicks (ties by name).
+fn top(counts: &BTreeMap<String, i64>, n: usize) -> Vec<(&str, i64)> {
+    let mut v: Vec<(&str, i64)> = counts.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    v.truncate(n);
+    v
+}
+
+/// What counting one batch of a source did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counted {
     /// Events counted now.
     pub counted: u64,
-    /// Events already counted before (or twice in the input): ignored.
+    /// Copies of events already counted (same id, another offset): ignored.
     pub duplicates: u64,
-    /// Conditional batches that lost to another writer and were recomputed.
-    pub conflicts: u64,
+    /// Events delivered again at an offset already counted (a predecessor counted them and
+    /// did not commit): ignored.
+    pub redelivered: u64,
 }
 
 pub struct ClickStore {
     db: Arc<Db>,
+    read_legacy_day: PreparedStatement,
     read_day: PreparedStatement,
-    seen: PreparedStatement,
-    bump: PreparedStatement,
-    set_count: PreparedStatement,
-    mark_id: PreparedStatement,
+    read_source_day: PreparedStatement,
+    write_source_day: PreparedStatement,
+    read_seen: PreparedStatement,
+    write_seen: PreparedStatement,
     add_day: PreparedStatement,
     list_days: PreparedStatement,
 }
-
-type Values = Vec<Option<CqlValue>>;
 
 impl ClickStore {
     pub async fn prepare(db: Arc<Db>) -> Result<Self, StoreError> {
@@ -256,31 +326,42 @@ impl ClickStore {
             p.set_is_idempotent(idempotent);
             Ok::<_, StoreError>(p)
         };
+        let mut read_seen = prep(
+            "SELECT ids FROM click_seen WHERE src = ? AND minute = ?",
+            true,
+        )
+        .await?;
+        // Rows of up to 64 KiB: pages of 2 MiB at most.
+        read_seen.set_page_size(32);
         Ok(ClickStore {
-            read_day: prep(
-                "SELECT version, kind, key, n FROM click_counts \
+            read_legacy_day: prep(
+                "SELECT kind, key, n FROM click_counts \
                  WHERE slug = ? AND day = ? AND kind IN ('c', 'r')",
                 true,
             )
             .await?,
-            seen: prep(
-                "SELECT key FROM click_counts WHERE slug = ? AND day = ? AND kind = 'i' AND key IN ?",
+            read_day: prep(
+                "SELECT n FROM click_totals WHERE slug = ? AND day = ?",
                 true,
             )
             .await?,
-            bump: prep(
-                "UPDATE click_counts SET version = ? WHERE slug = ? AND day = ? IF version = ?",
-                false,
+            read_source_day: prep(
+                "SELECT upto, n FROM click_totals WHERE slug = ? AND day = ? AND src = ?",
+                true,
             )
             .await?,
-            set_count: prep(
-                "UPDATE click_counts SET n = ? WHERE slug = ? AND day = ? AND kind = ? AND key = ?",
-                false,
+            // Absolute values at a fixed timestamp: retrying it is harmless.
+            write_source_day: prep(
+                "UPDATE click_totals USING TIMESTAMP ? SET upto = ?, n = n + ? \
+                 WHERE slug = ? AND day = ? AND src = ?",
+                true,
             )
             .await?,
-            mark_id: prep(
-                "INSERT INTO click_counts (slug, day, kind, key, n) VALUES (?, ?, 'i', ?, 1) USING TTL ?",
-                false,
+            read_seen,
+            write_seen: prep(
+                "INSERT INTO click_seen (src, minute, upto, writer, ids) VALUES (?, ?, ?, ?, ?) \
+                 USING TTL ?",
+                true,
             )
             .await?,
             add_day: prep("INSERT INTO click_days (slug, day) VALUES (?, ?)", true).await?,
@@ -289,153 +370,30 @@ impl ClickStore {
         })
     }
 
-    /// The count rows and version of one (link, day).
+    /// The count rows of one (link, day): every source's, plus what the counter before
+    /// `click_totals` stored in `click_counts`.
     pub async fn day_counts(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
-        let res = self
-            .db
-            .session()
-            .execute_unpaged(&self.read_day, (slug, day))
-            .await
-            .map_err(store::unavailable)?;
+        let session = self.db.session();
+        let (legacy, current) = tokio::join!(
+            session.execute_unpaged(&self.read_legacy_day, (slug, day)),
+            session.execute_unpaged(&self.read_day, (slug, day)),
+        );
         let mut out = DayCounts::default();
-        for (version, kind, key, n) in
-            store::all::<(Option<i64>, String, String, Option<i64>)>(res)?
+        for (kind, key, n) in
+            store::all::<(String, String, Option<i64>)>(legacy.map_err(store::unavailable)?)?
         {
-            out.version = out.version.or(version);
-            out.rows.insert((kind, key), n.unwrap_or(0));
+            *out.rows.entry((kind, key)).or_insert(0) += n.unwrap_or(0);
         }
-        Ok(out)
-    }
-
-    /// The ids among `ids` already counted in (slug, day).
-    async fn seen(&self, slug: &str, day: i32, ids: &[Uuid]) -> Result<HashSet<Uuid>, StoreError> {
-        let keys: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-        let res = self
-            .db
-            .session()
-            .execute_unpaged(&self.seen, (slug, day, keys))
-            .await
-            .map_err(store::unavailable)?;
-        Ok(store::all::<(String,)>(res)?
-            .into_iter()
-            .filter_map(|(k,)| k.parse().ok())
-            .collect())
-    }
-
-    /// Counts `events` — all of link `slug` on UTC day `day` — exactly once, however often any
-    /// of them was counted before. Ids are remembered for `dedup_ttl_s` seconds.
-    pub async fn count(
-        &self,
-        slug: &str,
-        day: i32,
-        events: &[ClickEvent],
-        dedup_ttl_s: i32,
-    ) -> Result<Counted, StoreError> {
-        let mut out = Counted::default();
-        let mut ids = HashSet::new();
-        let unique: Vec<&ClickEvent> = events.iter().filter(|e| ids.insert(e.id)).collect();
-        out.duplicates += (events.len() - unique.len()) as u64;
-        if unique.is_empty() {
-            return Ok(out);
-        }
-        // Before any count: a reader may see a day without counts (zero), never counts it
-        // cannot find.
-        self.db
-            .session()
-            .execute_unpaged(&self.add_day, (slug, day))
-            .await
-            .map_err(store::unavailable)?;
-        // After an applied batch the partition's new state is known exactly (version + 1 and
-        // the rows just written), so the next chunk needs no read; after a lost condition it
-        // is read again.
-        let mut known: Option<DayCounts> = None;
-        for chunk in unique.chunks(CHUNK) {
-            let chunk_ids: Vec<Uuid> = chunk.iter().map(|e| e.id).collect();
-            let mut done = false;
-            for _ in 0..MAX_ATTEMPTS {
-                let mut state = match known.take() {
-                    Some(s) => s,
-                    None => self.day_counts(slug, day).await?,
-                };
-                let seen = self.seen(slug, day, &chunk_ids).await?;
-                let fresh: Vec<&ClickEvent> = chunk
-                    .iter()
-                    .copied()
-                    .filter(|e| !seen.contains(&e.id))
-                    .collect();
-                if fresh.is_empty() {
-                    out.duplicates += chunk.len() as u64;
-                    known = Some(state);
-                    done = true;
-                    break;
+        for (cells,) in
+            store::all::<(Option<HashMap<String, i64>>,)>(current.map_err(store::unavailable)?)?
+        {
+            for (name, n) in cells.unwrap_or_default() {
+                if let Some(row) = parse_cell(&name) {
+                    *out.rows.entry(row).or_insert(0) += n;
                 }
-                let changed = state.add(&fresh);
-                let (batch, values) = self.batch(slug, day, &state, changed, &fresh, dedup_ttl_s);
-                let res = self
-                    .db
-                    .session()
-                    .batch(&batch, values)
-                    .await
-                    .map_err(store::unavailable)?;
-                if store::applied(res)? {
-                    out.counted += fresh.len() as u64;
-                    out.duplicates += (chunk.len() - fresh.len()) as u64;
-                    state.version = Some(state.version.unwrap_or(0) + 1);
-                    known = Some(state);
-                    done = true;
-                    break;
-                }
-                out.conflicts += 1;
-            }
-            if !done {
-                return Err(StoreError::Contention(
-                    "click counts kept changing under the counter",
-                ));
             }
         }
         Ok(out)
-    }
-
-    /// The conditional batch: version bump (the condition), changed counts, new ids.
-    fn batch(
-        &self,
-        slug: &str,
-        day: i32,
-        state: &DayCounts,
-        changed: BTreeMap<RowKey, i64>,
-        fresh: &[&ClickEvent],
-        ttl_s: i32,
-    ) -> (Batch, Vec<Values>) {
-        let text = |s: &str| Some(CqlValue::Text(s.to_string()));
-        let mut batch = Batch::new(BatchType::Unlogged);
-        let mut values: Vec<Values> = Vec::with_capacity(1 + changed.len() + fresh.len());
-        batch.append_statement(self.bump.clone());
-        values.push(vec![
-            Some(CqlValue::BigInt(state.version.unwrap_or(0) + 1)),
-            text(slug),
-            Some(CqlValue::Int(day)),
-            state.version.map(CqlValue::BigInt),
-        ]);
-        for ((kind, key), n) in changed {
-            batch.append_statement(self.set_count.clone());
-            values.push(vec![
-                Some(CqlValue::BigInt(n)),
-                text(slug),
-                Some(CqlValue::Int(day)),
-                text(&kind),
-                text(&key),
-            ]);
-        }
-        for e in fresh {
-            batch.append_statement(self.mark_id.clone());
-            values.push(vec![
-                text(slug),
-                Some(CqlValue::Int(day)),
-                text(&e.id.to_string()),
-                Some(CqlValue::Int(ttl_s)),
-            ]);
-        }
-        (batch, values)
     }
 
     /// Every day's counts of `slug`, summed (the days are read 16 at a time).

@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 use zlink_e2e::*;
-use zlink_store::clicks::{day_of, referrer_host, tier_name, ClickStore, LinkStats, DAY_MS};
-use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+use zlink_store::clicks::writer::{Limits, SourceCounter};
+use zlink_store::clicks::{
+    day_of, referrer_host, tier_name, ClickStore, Counted, LinkStats, DAY_MS,
+};
+use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier, CLICK_EVENT_SCHEMA};
 
 const SLUGS: usize = 10;
 
@@ -21,7 +24,7 @@ fn now_ms() -> i64 {
 }
 
 /// Click `i` of a varied stream: ten links, three days, every tier, bots and previews,
-/// five referrers (one of them none).
+/// five referrers (one of them none), four devices, three countries (one unknown) and cities.
 fn event(i: usize) -> ClickEvent {
     let tiers = [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx];
     let agents = [
@@ -40,6 +43,14 @@ fn event(i: usize) -> ClickEvent {
         user_agent: Some("zlink-test".into()),
         agent: agents[i % 4],
         ip_hash: "00".repeat(32),
+        device: [
+            Device::Desktop,
+            Device::Mobile,
+            Device::Tablet,
+            Device::Other,
+        ][i % 4],
+        country: [Some("DE"), Some("JP"), None][i % 3].map(String::from),
+        city: (!i.is_multiple_of(7)).then(|| ["Berlin", "Tokyo", "Köln"][i % 3].to_string()),
     }
 }
 
@@ -62,6 +73,12 @@ fn expected(events: &[ClickEvent]) -> BTreeMap<String, LinkStats> {
         *s.referrers
             .entry(referrer_host(e.referrer.as_deref()))
             .or_default() += 1;
+        *s.by_device.entry(e.device.name().into()).or_default() += 1;
+        let country = e.country.clone().unwrap_or_else(|| "(unknown)".into());
+        if let Some(city) = &e.city {
+            *s.cities.entry(format!("{country}/{city}")).or_default() += 1;
+        }
+        *s.countries.entry(country).or_default() += 1;
     }
     out
 }
@@ -136,6 +153,100 @@ async fn wait_stats(
 
 fn total(stats: &BTreeMap<String, LinkStats>) -> i64 {
     stats.values().map(|s| s.total).sum()
+}
+
+/// Counts a run of (offset, click) of one source as one batch.
+async fn count_batch(
+    c: &mut SourceCounter,
+    batch: &[(i64, ClickEvent)],
+) -> Result<zlink_store::clicks::Counted, zlink_store::StoreError> {
+    c.count(batch[0].0, batch[batch.len() - 1].0, batch).await
+}
+
+/// The writers of one source as a rebalance leaves them, against the real store: the old owner
+/// dies in mid-write (ids and some counts stored, its offsets not committed) and keeps going as
+/// a zombie with other batch boundaries while its successor counts the same offsets; a third
+/// owner then re-reads part of the stream. One click in five is a copy of an earlier one at a
+/// later offset (a replayed spool, a failed-over request), a third are days old. Every click is
+/// counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click_once() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let cs = click_store(&infra, &ks).await;
+    let mut originals: Vec<ClickEvent> = Vec::new();
+    let mut stream: Vec<(i64, ClickEvent)> = Vec::new();
+    for i in 0..3000usize {
+        let e = if i % 5 == 4 && i > 100 {
+            originals[(i * 7) % originals.len()].clone()
+        } else {
+            originals.push(event(i));
+            originals[originals.len() - 1].clone()
+        };
+        stream.push((i as i64, e));
+    }
+    let want = expected(&originals);
+    let slugs: Vec<String> = want.keys().cloned().collect();
+    let limits = Limits {
+        concurrency: 16,
+        ..Limits::default()
+    };
+    let src = format!("clicks-{ks}:0");
+
+    // The old owner: offsets 0..=999 counted (and, say, committed), then a batch that dies
+    // after 10 of its 30 (link, day) writes.
+    let mut old = SourceCounter::new(cs.clone(), src.clone(), limits);
+    for batch in stream[..1000].chunks(250) {
+        count_batch(&mut old, batch).await.unwrap();
+    }
+    old.fail_next_batch_after(10);
+    assert!(count_batch(&mut old, &stream[1000..1500]).await.is_err());
+    let partial = total(&stats_of(&cs, &slugs).await);
+    assert!(
+        partial > 800,
+        "the first 1,000 offsets are counted ({partial})"
+    );
+
+    // The successor starts at the committed offset 1000 while the old owner, now a zombie,
+    // keeps counting from there too, in batches of another size.
+    let mut next = SourceCounter::new(cs.clone(), src.clone(), limits);
+    let (zombie, successor) = tokio::join!(
+        async {
+            let mut c = Counted::default();
+            for batch in stream[1000..2200].chunks(333) {
+                let r = count_batch(&mut old, batch).await.unwrap();
+                c.counted += r.counted;
+                c.redelivered += r.redelivered;
+            }
+            c
+        },
+        async {
+            let mut c = Counted::default();
+            for batch in stream[1000..].chunks(400) {
+                let r = count_batch(&mut next, batch).await.unwrap();
+                c.counted += r.counted;
+                c.redelivered += r.redelivered;
+            }
+            c
+        }
+    );
+    assert!(
+        zombie.redelivered + successor.redelivered > 0,
+        "the writers found offsets the other had counted ({zombie:?}, {successor:?})"
+    );
+    assert_eq!(stats_of(&cs, &slugs).await, want, "every click once");
+
+    // A third owner re-reads from offset 1800 (its predecessor never committed past it).
+    let mut third = SourceCounter::new(cs.clone(), src, limits);
+    let mut again = Counted::default();
+    for batch in stream[1800..].chunks(500) {
+        let r = count_batch(&mut third, batch).await.unwrap();
+        again.counted += r.counted;
+        again.redelivered += r.redelivered + r.duplicates;
+    }
+    assert_eq!(again.counted, 0, "nothing counted twice: {again:?}");
+    assert_eq!(again.redelivered, 1200);
+    assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -250,6 +361,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
         trusted_proxies: zlink_clients::clicks::DEFAULT_TRUSTED_PROXIES
             .parse()
             .unwrap(),
+        geoip_db: None,
     };
     let metrics = || ClickMetrics::register(&prometheus::Registry::new()).unwrap();
 
@@ -305,7 +417,8 @@ async fn one_spool_replayed_twice_is_counted_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_tier() {
+async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_tier_place_and_device(
+) {
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let n = names(&ks);
@@ -317,6 +430,18 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 3)],
     )
     .await;
+    // A City database of the test's own: two documentation networks known, a third not.
+    let geo_dir = TempDir::new("geoip");
+    let geo_db = geo_dir.path().join("city.mmdb");
+    zlink_clients::geo::write_test_db(
+        &geo_db,
+        &[
+            ("203.0.113.0/24", "DE", Some("Berlin")),
+            ("198.51.100.0/24", "JP", Some("Tokyo")),
+        ],
+    )
+    .unwrap();
+    let geo_db = geo_db.to_string_lossy().to_string();
     let kafka_flags = [
         "--kafka",
         &kafka.brokers,
@@ -324,6 +449,8 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         &topic,
         "--clicks-timeout-ms",
         "2000",
+        "--geoip-db",
+        &geo_db,
     ];
     let mut primary_flags = kafka_flags.to_vec();
     primary_flags.extend(["--links-topic", &n.links_topic]);
@@ -355,12 +482,17 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         for i in 0..1000 {
             let ua = if i % 10 == 0 {
                 "Twitterbot/1.0".to_string()
+            } else if i % 2 == 0 {
+                format!("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) zlink-test/{i}")
             } else {
-                format!("Mozilla/5.0 zlink-test/{i}")
+                format!("Mozilla/5.0 (Windows NT 10.0; Win64; x64) zlink-test/{i}")
             };
+            // The client as the trusted frontend (this test, on loopback) says.
+            let client_ip = ["203.0.113.7", "198.51.100.7", "192.0.2.7"][i % 3];
             let r = client()
                 .get(format!("{base}/outage-clicks"))
                 .header("user-agent", ua)
+                .header("x-forwarded-for", client_ip)
                 .header("referer", "https://news.example/item")
                 .send()
                 .await
@@ -409,6 +541,27 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
     let days = body["last_days"].as_array().unwrap();
     assert_eq!(days.len(), 30);
     assert_eq!(days[29]["clicks"], 2000, "today");
+    // Places, from the database on both tiers (lastresort's clicks were made while the
+    // primary site could not take them): 334 + 333 per tier.
+    assert_eq!(
+        body["top_countries"],
+        json!([
+            {"country": "DE", "clicks": 668},
+            {"country": "(unknown)", "clicks": 666},
+            {"country": "JP", "clicks": 666},
+        ])
+    );
+    assert_eq!(
+        body["top_cities"],
+        json!([
+            {"country": "DE", "city": "Berlin", "clicks": 668},
+            {"country": "JP", "city": "Tokyo", "clicks": 666},
+        ])
+    );
+    assert_eq!(
+        body["by_device"],
+        json!({"desktop": 1000, "mobile": 800, "tablet": 0, "other": 200})
+    );
 
     // Freshness in normal operation: a click shows up in the stats well within 60 s.
     let r = client()

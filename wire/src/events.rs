@@ -122,6 +122,52 @@ impl AgentClass {
     }
 }
 
+/// The kind of device a click came from, from the user agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Device {
+    Desktop,
+    Mobile,
+    Tablet,
+    /// Anything else: bots, HTTP libraries, TVs, consoles, no user agent.
+    #[default]
+    Other,
+}
+
+impl Device {
+    /// Classifies a `User-Agent` (case-insensitive substring rules, tablets before phones:
+    /// an Android tablet says "Android" without "Mobile", an iPad says "iPad").
+    pub fn of(user_agent: Option<&str>) -> Device {
+        let Some(ua) = user_agent.map(str::to_ascii_lowercase) else {
+            return Device::Other;
+        };
+        let android = ua.contains("android");
+        if ua.contains("ipad") || ua.contains("tablet") || (android && !ua.contains("mobile")) {
+            Device::Tablet
+        } else if ua.contains("mobi") || ua.contains("iphone") || ua.contains("ipod") || android {
+            Device::Mobile
+        } else if AgentClass::of(Some(&ua)) != AgentClass::Browser {
+            Device::Other
+        } else if ["windows nt", "macintosh", "x11", "cros", "linux x86_64"]
+            .iter()
+            .any(|p| ua.contains(p))
+        {
+            Device::Desktop
+        } else {
+            Device::Other
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Desktop => "desktop",
+            Device::Mobile => "mobile",
+            Device::Tablet => "tablet",
+            Device::Other => "other",
+        }
+    }
+}
+
 /// One redirect. `id` is unique per click and is what the counter deduplicates on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClickEvent {
@@ -137,11 +183,76 @@ pub struct ClickEvent {
     pub agent: AgentClass,
     /// Hex SHA-256 of a deployment salt and the client IP: countable, not reversible.
     pub ip_hash: String,
+    /// [`Device::of`] the user agent, decided where the click happened.
+    #[serde(default)]
+    pub device: Device,
+    /// ISO 3166-1 alpha-2 country of the client address, looked up where the click happened
+    /// (the address itself is never stored); `None`: unknown (no or no matching database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    /// The city's English name, from the same lookup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_from_user_agents() {
+        let cases = [
+            (
+                "Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X) Mobile/15E148",
+                Device::Mobile,
+            ),
+            (
+                "Mozilla/5.0 (Linux; Android 14; Pixel 8) Chrome/120 Mobile Safari/537.36",
+                Device::Mobile,
+            ),
+            (
+                "Mozilla/5.0 (Linux; Android 13; SM-X700) Chrome/120 Safari/537.36",
+                Device::Tablet,
+            ),
+            (
+                "Mozilla/5.0 (iPad; CPU OS 17_0 like Mac OS X)",
+                Device::Tablet,
+            ),
+            (
+                "Mozilla/5.0 (Windows NT 10.0; Win64; x64) Chrome/120",
+                Device::Desktop,
+            ),
+            (
+                "Mozilla/5.0 (Macintosh; Intel Mac OS X 14_0) Safari/605",
+                Device::Desktop,
+            ),
+            (
+                "Mozilla/5.0 (X11; Linux x86_64; rv:120.0) Firefox/120.0",
+                Device::Desktop,
+            ),
+            ("curl/8.5.0", Device::Other),
+            (
+                "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+                Device::Other,
+            ),
+            ("", Device::Other),
+        ];
+        for (ua, want) in cases {
+            assert_eq!(Device::of(Some(ua)), want, "{ua}");
+        }
+        assert_eq!(Device::of(None), Device::Other);
+    }
+
+    #[test]
+    fn click_events_without_the_newer_fields_still_decode() {
+        let old = r#"{"schema":1,"id":"7b0e2f5c-1d0a-4d4e-9a55-1a2b3c4d5e6f","slug":"abc","at_ms":5,
+            "tier":"primary","referrer":null,"user_agent":null,"ip_hash":"00"}"#;
+        let ev: ClickEvent = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (ev.device, ev.country, ev.city),
+            (Device::Other, None, None)
+        );
+    }
 
     #[test]
     fn link_event_json_is_stable() {

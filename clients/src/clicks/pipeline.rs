@@ -20,6 +20,8 @@ pub struct ClickMetrics {
     pub oldest_age: prometheus::Gauge,
     /// Click time of the record at the head of the replayer's current batch; 0: none.
     head_at_ms: Arc<AtomicI64>,
+    /// GeoIP database loads by outcome (ok, error).
+    pub geoip_loads: IntCounterVec,
 }
 
 impl ClickMetrics {
@@ -63,7 +65,15 @@ impl ClickMetrics {
                 "Age of the oldest spooled click not yet acknowledged by Kafka (0: none pending)",
             )?,
             head_at_ms: Arc::new(AtomicI64::new(0)),
+            geoip_loads: IntCounterVec::new(
+                Opts::new(
+                    "geoip_loads_total",
+                    "GeoIP database loads (at start and when the file changed) by outcome",
+                ),
+                &["outcome"],
+            )?,
         };
+        registry.register(Box::new(m.geoip_loads.clone()))?;
         registry.register(Box::new(m.spooled.clone()))?;
         registry.register(Box::new(m.refused.clone()))?;
         registry.register(Box::new(m.pending.clone()))?;
@@ -173,9 +183,10 @@ impl Clicks {
         peer: IpAddr,
         headers: &HeaderMap,
         trace: Option<&TraceContext>,
+        geo: &Arc<crate::geo::Geo>,
     ) -> Option<Uuid> {
         let origin = self.trusted.origin(peer, headers, now_ms);
-        let ev = event(self.tier, &self.salt, slug, &origin, headers);
+        let ev = event(self.tier, &self.salt, geo, slug, &origin, headers);
         self.spool_event(&ev, trace).then_some(ev.id)
     }
 

@@ -117,12 +117,34 @@ fn a_framed_event_unframes_to_its_slug_and_json() {
         header::REFERER,
         HeaderValue::from_static("https://r.example/"),
     );
+    h.insert(
+        header::USER_AGENT,
+        HeaderValue::from_static("Mozilla/5.0 (iPhone; CPU iPhone OS 17_0 like Mac OS X)"),
+    );
     let origin = Origin {
         id: Uuid::now_v7(),
         at_ms: 7,
-        client: ip("127.0.0.1"),
+        client: ip("203.0.113.5"),
     };
-    let ev = event(Tier::Lastresort, "salt", "abc-1", &origin, &h);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("city.mmdb");
+    crate::geo::write_test_db(&db, &[("203.0.113.0/24", "DE", Some("Berlin"))]).unwrap();
+    let geo = crate::geo::Geo::open(Some(db), Duration::from_secs(60), None);
+    let ev = event(Tier::Lastresort, "salt", &geo, "abc-1", &origin, &h);
+    assert_eq!(
+        (ev.country.as_deref(), ev.city.as_deref(), ev.device),
+        (
+            Some("DE"),
+            Some("Berlin"),
+            zlink_wire::events::Device::Mobile
+        )
+    );
+    let unknown = Origin {
+        client: ip("198.51.100.1"),
+        ..origin
+    };
+    let far = event(Tier::Lastresort, "salt", &geo, "abc-1", &unknown, &h);
+    assert_eq!((far.country, far.city), (None, None));
     let trace = TraceContext::root();
     let rec = frame(&ev, Some(&trace));
     let f = unframe(&rec).unwrap();
@@ -130,7 +152,7 @@ fn a_framed_event_unframes_to_its_slug_and_json() {
     assert_eq!(serde_json::from_slice::<ClickEvent>(f.value).unwrap(), ev);
     assert_eq!(f.at_ms, Some(7));
     assert_eq!(f.traceparent, Some(trace.header().as_str()));
-    assert_eq!(ev.ip_hash, ip_hash("salt", "127.0.0.1".parse().unwrap()));
+    assert_eq!(ev.ip_hash, ip_hash("salt", "203.0.113.5".parse().unwrap()));
     let untraced = frame(&ev, None);
     assert_eq!(unframe(&untraced).unwrap().traceparent, None);
     // A record spooled by the previous release: [slug length][slug][json].

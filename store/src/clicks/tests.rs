@@ -1,4 +1,6 @@
 use super::*;
+use uuid::Uuid;
+use zlink_wire::events::Device;
 
 fn ev(tier: Tier, agent: AgentClass, referrer: Option<&str>) -> ClickEvent {
     ClickEvent {
@@ -11,6 +13,9 @@ fn ev(tier: Tier, agent: AgentClass, referrer: Option<&str>) -> ClickEvent {
         user_agent: None,
         agent,
         ip_hash: String::new(),
+        device: Device::Mobile,
+        country: Some("DE".into()),
+        city: Some("Berlin".into()),
     }
 }
 
@@ -47,7 +52,10 @@ fn one_click_changes_total_tier_agent_and_referrer() {
         (("c", "total"), 1),
         (("c", "tier:lastresort"), 1),
         (("c", "agent:bot"), 1),
+        (("c", "device:mobile"), 1),
         (("r", "t.co"), 1),
+        (("g", "DE"), 1),
+        (("t", "DE/Berlin"), 1),
     ]
     .into_iter()
     .map(|((k, v), n)| ((k.to_string(), v.to_string()), n))
@@ -57,7 +65,7 @@ fn one_click_changes_total_tier_agent_and_referrer() {
     let changed = d.add(&[&b]);
     assert_eq!(changed[&("c".into(), "total".into())], 2);
     assert_eq!(changed[&("r".into(), "t.co".into())], 2);
-    assert_eq!(changed.len(), 4);
+    assert_eq!(changed.len(), 7);
 }
 
 #[test]
@@ -112,4 +120,48 @@ fn stats_sum_days_and_split_humans_from_bots() {
         .collect();
     assert_eq!(days, vec![2, 0, 1]);
     assert_eq!(j["last_days"][0]["date"], "1970-01-11");
+}
+
+#[test]
+fn cell_names_round_trip_and_unknown_kinds_are_ignored() {
+    for row in [
+        ("c".to_string(), "tier:lastresort-nginx".to_string()),
+        ("r".to_string(), "[2001:db8::1]".to_string()),
+        ("r".to_string(), DIRECT.to_string()),
+    ] {
+        assert_eq!(parse_cell(&cell_name(&row)), Some(row));
+    }
+    assert_eq!(parse_cell("i:abc"), None);
+    assert_eq!(parse_cell("nocolon"), None);
+}
+
+#[test]
+fn places_and_devices_are_counted_and_cities_capped() {
+    let mut d = DayCounts::default();
+    let mut evs: Vec<ClickEvent> = (0..MAX_CITIES_PER_DAY + 3)
+        .map(|i| {
+            let mut e = ev(Tier::Primary, AgentClass::Browser, None);
+            e.city = Some(format!("City {i}"));
+            e
+        })
+        .collect();
+    let mut unknown = ev(Tier::Primary, AgentClass::Browser, None);
+    (unknown.country, unknown.city, unknown.device) = (None, None, Device::Desktop);
+    evs.push(unknown);
+    d.add(&evs.iter().collect::<Vec<_>>());
+    let mut s = LinkStats::default();
+    s.merge_day(1, &d.rows);
+    assert_eq!(s.countries["DE"], MAX_CITIES_PER_DAY as i64 + 3);
+    assert_eq!(s.countries[UNKNOWN], 1);
+    assert_eq!(s.cities.len(), MAX_CITIES_PER_DAY + 1);
+    assert_eq!(s.cities[OTHER], 3);
+    assert_eq!(s.by_device["mobile"], MAX_CITIES_PER_DAY as i64 + 3);
+    let j = s.to_json("abc", 1, 1);
+    assert_eq!(j["by_device"]["desktop"], 1);
+    assert_eq!(j["by_device"]["tablet"], 0);
+    assert_eq!(j["top_countries"][0]["country"], "DE");
+    assert_eq!(j["top_countries"][1]["country"], UNKNOWN);
+    assert_eq!(j["top_cities"].as_array().unwrap().len(), 10);
+    assert_eq!(j["top_cities"][0]["city"], OTHER);
+    assert_eq!(j["top_cities"][1]["country"], "DE");
 }

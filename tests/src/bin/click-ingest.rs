@@ -7,7 +7,7 @@
 use clap::Parser;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::time::{Duration, Instant};
-use zlink_wire::events::{AgentClass, ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier, CLICK_EVENT_SCHEMA};
 
 #[derive(Parser)]
 struct Args {
@@ -106,6 +106,9 @@ async fn main() -> anyhow::Result<()> {
                         AgentClass::Browser
                     },
                     ip_hash: "00".repeat(32),
+                    device: Device::Mobile,
+                    country: Some(["DE", "JP", "US", "BR"][(i % 4) as usize].into()),
+                    city: (!i.is_multiple_of(3)).then(|| format!("City {}", i % 50)),
                 };
                 let payload = serde_json::to_vec(&ev).expect("json");
                 let producer = producer.clone();

@@ -1,0 +1,671 @@
+//! The counter's writer for one source (one partition of the clicks topic): its clicks in
+//! offset order, counted exactly once, at a cost that grows with clicks, not with links.
+//!
+//! State, kept in memory while the source stays with this process and reloaded from the store
+//! on first use: per (link, day) the absolute counts and `upto` (the offset of the newest click
+//! they include), and per minute of click time the ids already counted. A batch is decided in
+//! memory ([`SourceState::plan`]), then written: the new ids first (`click_seen`, one row per
+//! minute and up to 2,048 ids, each with its offset), then the days (`click_days`), then every changed (link, day)
+//! as one row write carrying `upto` and using it as the write timestamp (`click_totals`). Only
+//! then does the caller store the batch's offsets.
+//!
+//! A batch that does not start where the last one ended (a rebalance moved the source away and
+//! back, or the group's position jumped) drops the state first, and so does any failed batch:
+//! the next one reloads what the store has.
+
+use super::{cell_name, day_of, ClickStore, Counted, DayCounts, RowKey};
+use crate::db::{self as store, StoreError};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+use uuid::Uuid;
+use zlink_wire::events::ClickEvent;
+
+pub const MINUTE_MS: i64 = 60_000;
+/// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
+pub const IDS_PER_ROW: usize = 2048;
+const RECORD: usize = 24;
+
+/// Minutes since 1970-01-01 (UTC) of a time in milliseconds: the dedup index's bucket.
+pub fn minute_of(ms: i64) -> i64 {
+    ms.div_euclid(MINUTE_MS)
+}
+
+/// The name of a source: `<topic>:<partition>`.
+pub fn source_name(topic: &str, partition: i32) -> String {
+    format!("{topic}:{partition}")
+}
+
+/// How much of a source's state stays in memory, and how the writer talks to the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// (link, day) states kept between batches.
+    pub keys: usize,
+    /// Click ids kept between batches (about 40 bytes each).
+    pub ids: usize,
+    /// Store round trips in flight at once.
+    pub concurrency: usize,
+    /// How long ids stay in the dedup index, seconds.
+    pub dedup_ttl_s: i32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            keys: 200_000,
+            ids: 4_000_000,
+            concurrency: 64,
+            dedup_ttl_s: 45 * 86_400,
+        }
+    }
+}
+
+type Key = (String, i32);
+
+#[derive(Debug, Clone, Default)]
+struct KeyState {
+    /// Offset of the newest click included (-1: none).
+    upto: i64,
+    counts: DayCounts,
+    /// `click_days` has this (link, day).
+    listed: bool,
+    touched: u64,
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Id → the smallest offset it was counted (or tried to be counted) at.
+    ids: HashMap<Uuid, i64>,
+    touched: u64,
+}
+
+/// What one batch changes, decided in memory.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub counted: u64,
+    pub duplicates: u64,
+    pub redelivered: u64,
+    /// New ids per minute, with their offsets, in offset order.
+    pub ids: BTreeMap<i64, Vec<(i64, Uuid)>>,
+    /// Per changed (link, day): the new `upto` and the rows that changed, with their values.
+    pub writes: BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
+}
+
+/// A source's state: what is known to be counted.
+#[derive(Debug, Default)]
+pub struct SourceState {
+    /// The offset the next batch must start at for this state to still be the truth.
+    next: Option<i64>,
+    keys: HashMap<Key, KeyState>,
+    buckets: HashMap<i64, Bucket>,
+    ids: usize,
+    clock: u64,
+}
+
+impl SourceState {
+    fn key_missing(&self, k: &Key) -> bool {
+        !self.keys.contains_key(k)
+    }
+
+    fn bucket_missing(&self, minute: i64) -> bool {
+        !self.buckets.contains_key(&minute)
+    }
+
+    fn insert_key(&mut self, k: Key, upto: i64, counts: DayCounts) {
+        let listed = !counts.rows.is_empty();
+        self.keys.insert(
+            k,
+            KeyState {
+                upto,
+                counts,
+                listed,
+                touched: self.clock,
+            },
+        );
+    }
+
+    fn insert_bucket(&mut self, minute: i64, ids: HashMap<Uuid, i64>) {
+        self.ids += ids.len();
+        self.buckets.insert(
+            minute,
+            Bucket {
+                ids,
+                touched: self.clock,
+            },
+        );
+    }
+
+    /// Decides `events` (this source's, in offset order), given that the state of every
+    /// (link, day) and minute they touch is loaded. A click at an offset its (link, day)
+    /// already includes was counted by whoever wrote that; a click whose id the minute holds at
+    /// an earlier offset is a copy; anything else is counted. The same id at the same offset
+    /// is this very message, whose ids reached the index in an attempt that died before its
+    /// counts did: not a copy.
+    pub fn plan(&mut self, events: &[(i64, &ClickEvent)]) -> Plan {
+        self.clock += 1;
+        let mut plan = Plan::default();
+        for &(offset, e) in events {
+            let minute = minute_of(e.at_ms);
+            let key = (e.slug.clone(), day_of(e.at_ms));
+            let bucket = self.buckets.get_mut(&minute).expect("minute loaded");
+            bucket.touched = self.clock;
+            let ks = self.keys.get_mut(&key).expect("key loaded");
+            ks.touched = self.clock;
+            let first = match bucket.ids.get_mut(&e.id) {
+                Some(o) => {
+                    let first = *o;
+                    *o = first.min(offset);
+                    Some(first)
+                }
+                None => {
+                    bucket.ids.insert(e.id, offset);
+                    self.ids += 1;
+                    None
+                }
+            };
+            if offset <= ks.upto {
+                plan.redelivered += 1;
+                continue;
+            }
+            if first.is_some_and(|o| o < offset) {
+                plan.duplicates += 1;
+                continue;
+            }
+            let changed = ks.counts.add(&[e]);
+            ks.upto = offset;
+            let w = plan.writes.entry(key).or_default();
+            w.0 = offset;
+            w.1.extend(changed);
+            plan.ids.entry(minute).or_default().push((offset, e.id));
+            plan.counted += 1;
+        }
+        plan
+    }
+
+    /// Drops the least recently used (link, day) states and minutes beyond the limits (down to
+    /// 90% of them), never those the last batch used.
+    fn evict(&mut self, limits: &Limits) {
+        if self.keys.len() > limits.keys {
+            let keep = limits.keys * 9 / 10;
+            let mut ages: Vec<u64> = self.keys.values().map(|k| k.touched).collect();
+            let cut = self.keys.len() - keep;
+            let (_, nth, _) = ages.select_nth_unstable(cut.saturating_sub(1));
+            let threshold = (*nth).min(self.clock - 1);
+            self.keys.retain(|_, k| k.touched > threshold);
+        }
+        if self.ids > limits.ids {
+            let mut minutes: Vec<(u64, i64, usize)> = self
+                .buckets
+                .iter()
+                .filter(|(_, b)| b.touched < self.clock)
+                .map(|(m, b)| (b.touched, *m, b.ids.len()))
+                .collect();
+            minutes.sort_unstable();
+            let keep = limits.ids * 9 / 10;
+            for (_, m, n) in minutes {
+                if self.ids <= keep {
+                    break;
+                }
+                self.buckets.remove(&m);
+                self.ids -= n;
+            }
+        }
+    }
+}
+
+/// Counts one source's clicks; one per source, owned by the task counting it.
+pub struct SourceCounter {
+    store: Arc<ClickStore>,
+    src: String,
+    limits: Limits,
+    state: SourceState,
+    writer: Uuid,
+    last_batch: std::time::Instant,
+    /// Tests: fail a batch after this many (link, day) writes (a crash in mid-write).
+    fail_after_writes: Option<usize>,
+}
+
+impl SourceCounter {
+    pub fn new(store: Arc<ClickStore>, src: String, limits: Limits) -> Self {
+        SourceCounter {
+            store,
+            src,
+            limits,
+            state: SourceState::default(),
+            writer: Uuid::new_v4(),
+            last_batch: std::time::Instant::now(),
+            fail_after_writes: None,
+        }
+    }
+
+    /// How long since the last batch was counted (or since creation).
+    pub fn idle_for(&self) -> std::time::Duration {
+        self.last_batch.elapsed()
+    }
+
+    /// New limits, from the next batch's end on.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    pub fn source(&self) -> &str {
+        &self.src
+    }
+
+    /// Makes the next batch fail after `writes` of its (link, day) writes reached the store, as
+    /// a process dying in mid-write would (a batch with no more writes than that succeeds).
+    /// Tests only.
+    pub fn fail_next_batch_after(&mut self, writes: usize) {
+        self.fail_after_writes = Some(writes);
+    }
+
+    /// (link, day) states and ids held in memory.
+    pub fn held(&self) -> (usize, usize) {
+        (self.state.keys.len(), self.state.ids)
+    }
+
+    /// Counts the batch of offsets `first..=last` of this source; `events` are its valid
+    /// clicks, in offset order (the invalid ones were skipped by the caller). When this returns
+    /// Ok, every click of the batch is counted exactly once and the offsets may be committed.
+    pub async fn count(
+        &mut self,
+        first: i64,
+        last: i64,
+        events: &[(i64, ClickEvent)],
+    ) -> Result<Counted, StoreError> {
+        if self.state.next != Some(first) {
+            if self.state.next.is_some() {
+                tracing::info!(
+                    src = %self.src,
+                    expected = self.state.next,
+                    got = first,
+                    "the source did not continue where it stopped; reloading its state"
+                );
+            }
+            self.state = SourceState::default();
+        }
+        match self.count_batch(events).await {
+            Ok(c) => {
+                self.last_batch = std::time::Instant::now();
+                self.state.next = Some(last + 1);
+                self.state.evict(&self.limits);
+                Ok(c)
+            }
+            Err(e) => {
+                self.state = SourceState::default();
+                Err(e)
+            }
+        }
+    }
+
+    async fn count_batch(&mut self, events: &[(i64, ClickEvent)]) -> Result<Counted, StoreError> {
+        self.load(events).await?;
+        let refs: Vec<(i64, &ClickEvent)> = events.iter().map(|(o, e)| (*o, e)).collect();
+        let plan = self.state.plan(&refs);
+        self.write_ids(&plan.ids).await?;
+        self.write_days(&plan.writes).await?;
+        let failpoint = self.fail_after_writes.take();
+        self.write_counts(&plan.writes, failpoint).await?;
+        for k in plan.writes.keys() {
+            if let Some(ks) = self.state.keys.get_mut(k) {
+                ks.listed = true;
+            }
+        }
+        Ok(Counted {
+            counted: plan.counted,
+            duplicates: plan.duplicates,
+            redelivered: plan.redelivered,
+        })
+    }
+
+    /// Reads the state of every (link, day) and minute the batch touches and memory lacks.
+    async fn load(&mut self, events: &[(i64, ClickEvent)]) -> Result<(), StoreError> {
+        let mut keys: HashSet<Key> = HashSet::new();
+        let mut minutes: HashSet<i64> = HashSet::new();
+        for (_, e) in events {
+            let k = (e.slug.clone(), day_of(e.at_ms));
+            if self.state.key_missing(&k) {
+                keys.insert(k);
+            }
+            let m = minute_of(e.at_ms);
+            if self.state.bucket_missing(m) {
+                minutes.insert(m);
+            }
+        }
+        let mut running = JoinSet::new();
+        let mut work = minutes
+            .into_iter()
+            .map(Load::Minute)
+            .chain(keys.into_iter().map(Load::Key));
+        loop {
+            while running.len() < self.limits.concurrency {
+                let Some(item) = work.next() else { break };
+                let (store, src) = (self.store.clone(), self.src.clone());
+                running.spawn(async move { item.run(&store, &src).await });
+            }
+            let Some(done) = running.join_next().await else {
+                return Ok(());
+            };
+            match done.map_err(|e| StoreError::Unavailable(format!("click load task: {e}")))?? {
+                Loaded::Key(k, upto, counts) => self.state.insert_key(k, upto, counts),
+                Loaded::Minute(m, ids) => self.state.insert_bucket(m, ids),
+            }
+        }
+    }
+
+    async fn write_ids(&self, ids: &BTreeMap<i64, Vec<(i64, Uuid)>>) -> Result<(), StoreError> {
+        let mut rows = Vec::new();
+        for (minute, list) in ids {
+            for chunk in list.chunks(IDS_PER_ROW) {
+                let upto = chunk.last().map(|(o, _)| *o).unwrap_or(0);
+                let mut blob = Vec::with_capacity(chunk.len() * RECORD);
+                for (offset, id) in chunk {
+                    blob.extend_from_slice(id.as_bytes());
+                    blob.extend_from_slice(&offset.to_be_bytes());
+                }
+                rows.push((*minute, upto, blob));
+            }
+        }
+        let (src, writer, ttl) = (self.src.clone(), self.writer, self.limits.dedup_ttl_s);
+        self.run_all(rows, move |store, (minute, upto, blob)| {
+            let src = src.clone();
+            async move {
+                store
+                    .db
+                    .session()
+                    .execute_unpaged(&store.write_seen, (src, minute, upto, writer, blob, ttl))
+                    .await
+                    .map(drop)
+                    .map_err(store::unavailable)
+            }
+        })
+        .await
+    }
+
+    /// Before any count of a (link, day) exists: a reader may list a day without counts
+    /// (zero), never have counts it cannot find.
+    async fn write_days(
+        &self,
+        writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
+    ) -> Result<(), StoreError> {
+        let days: Vec<Key> = writes
+            .keys()
+            .filter(|k| !self.state.keys.get(*k).is_some_and(|s| s.listed))
+            .cloned()
+            .collect();
+        self.run_all(days, |store, (slug, day)| async move {
+            store
+                .db
+                .session()
+                .execute_unpaged(&store.add_day, (slug, day))
+                .await
+                .map(drop)
+                .map_err(store::unavailable)
+        })
+        .await
+    }
+
+    async fn write_counts(
+        &self,
+        writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
+        failpoint: Option<usize>,
+    ) -> Result<(), StoreError> {
+        let mut rows: Vec<(Key, i64, HashMap<String, i64>)> = writes
+            .iter()
+            .map(|(k, (upto, changed))| {
+                (
+                    k.clone(),
+                    *upto,
+                    changed.iter().map(|(r, n)| (cell_name(r), *n)).collect(),
+                )
+            })
+            .collect();
+        let failpoint = failpoint.filter(|n| *n < rows.len());
+        if let Some(n) = failpoint {
+            rows.truncate(n);
+        }
+        let src = self.src.clone();
+        self.run_all(rows, move |store, ((slug, day), upto, cells)| {
+            let src = src.clone();
+            async move {
+                store
+                    .db
+                    .session()
+                    .execute_unpaged(
+                        &store.write_source_day,
+                        (upto + 1, upto, cells, slug, day, src),
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(store::unavailable)
+            }
+        })
+        .await?;
+        match failpoint {
+            Some(n) => Err(StoreError::Unavailable(format!(
+                "failpoint: stopped after {n} count writes"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` on every item, `concurrency` at a time; the first error ends it.
+    async fn run_all<T, F, Fut>(&self, items: Vec<T>, f: F) -> Result<(), StoreError>
+    where
+        T: Send + 'static,
+        F: Fn(Arc<ClickStore>, T) -> Fut,
+        Fut: std::future::Future<Output = Result<(), StoreError>> + Send + 'static,
+    {
+        let mut running = JoinSet::new();
+        let mut items = items.into_iter();
+        loop {
+            while running.len() < self.limits.concurrency {
+                let Some(item) = items.next() else { break };
+                running.spawn(f(self.store.clone(), item));
+            }
+            match running.join_next().await {
+                None => return Ok(()),
+                Some(r) => {
+                    r.map_err(|e| StoreError::Unavailable(format!("click write task: {e}")))??
+                }
+            }
+        }
+    }
+}
+
+enum Load {
+    Key(Key),
+    Minute(i64),
+}
+
+enum Loaded {
+    Key(Key, i64, DayCounts),
+    Minute(i64, HashMap<Uuid, i64>),
+}
+
+impl Load {
+    async fn run(self, store: &ClickStore, src: &str) -> Result<Loaded, StoreError> {
+        let session = store.db.session();
+        match self {
+            Load::Key((slug, day)) => {
+                let res = session
+                    .execute_unpaged(&store.read_source_day, (&slug, day, src))
+                    .await
+                    .map_err(store::unavailable)?;
+                let row = store::first::<(Option<i64>, Option<HashMap<String, i64>>)>(res)?;
+                let (upto, cells) = row.unwrap_or((None, None));
+                let mut counts = DayCounts::default();
+                for (name, n) in cells.unwrap_or_default() {
+                    if let Some(r) = super::parse_cell(&name) {
+                        counts.rows.insert(r, n);
+                    }
+                }
+                Ok(Loaded::Key((slug, day), upto.unwrap_or(-1), counts))
+            }
+            Load::Minute(minute) => {
+                let mut ids: HashMap<Uuid, i64> = HashMap::new();
+                let mut page = scylla::response::PagingState::start();
+                loop {
+                    let (res, next) = session
+                        .execute_single_page(&store.read_seen, (src, minute), page)
+                        .await
+                        .map_err(store::unavailable)?;
+                    for (blob,) in store::all::<(Vec<u8>,)>(res)? {
+                        for r in blob.chunks_exact(RECORD) {
+                            let (id, offset) = r.split_at(16);
+                            let id = Uuid::from_bytes(id.try_into().expect("16 bytes"));
+                            let offset = i64::from_be_bytes(offset.try_into().expect("8 bytes"));
+                            let o = ids.entry(id).or_insert(offset);
+                            *o = (*o).min(offset);
+                        }
+                    }
+                    match next.into_paging_control_flow() {
+                        ControlFlow::Continue(p) => page = p,
+                        ControlFlow::Break(()) => break,
+                    }
+                }
+                Ok(Loaded::Minute(minute, ids))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zlink_wire::events::{AgentClass, Tier};
+
+    const AT: i64 = 1_700_000_000_000;
+
+    fn ev(slug: &str, at_ms: i64) -> ClickEvent {
+        ClickEvent {
+            schema: 1,
+            id: Uuid::new_v4(),
+            slug: slug.into(),
+            at_ms,
+            tier: Tier::Primary,
+            referrer: None,
+            user_agent: None,
+            agent: AgentClass::Browser,
+            ip_hash: String::new(),
+            device: Default::default(),
+            country: None,
+            city: None,
+        }
+    }
+
+    /// A state with everything `events` touch loaded as empty (a fresh store).
+    fn fresh(events: &[(i64, &ClickEvent)]) -> SourceState {
+        let mut s = SourceState::default();
+        for (_, e) in events {
+            let k = (e.slug.clone(), day_of(e.at_ms));
+            if s.key_missing(&k) {
+                s.insert_key(k, -1, DayCounts::default());
+            }
+            if s.bucket_missing(minute_of(e.at_ms)) {
+                s.insert_bucket(minute_of(e.at_ms), HashMap::new());
+            }
+        }
+        s
+    }
+
+    fn total(p: &Plan, slug: &str, at: i64) -> Option<i64> {
+        p.writes
+            .get(&(slug.to_string(), day_of(at)))
+            .and_then(|(_, rows)| rows.get(&("c".to_string(), "total".to_string())))
+            .copied()
+    }
+
+    #[test]
+    fn copies_are_ignored_and_upto_is_the_newest_offset_counted() {
+        let (a, b) = (ev("a", AT), ev("b", AT + 61_000));
+        let evs = [(10, &a), (11, &b), (12, &a), (13, &a)];
+        let mut s = fresh(&evs);
+        let p = s.plan(&evs);
+        assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
+        assert_eq!(total(&p, "a", AT), Some(1));
+        assert_eq!(p.writes[&("a".to_string(), day_of(AT))].0, 10);
+        assert_eq!(p.writes[&("b".to_string(), day_of(AT))].0, 11);
+        // Two minutes, one new id each.
+        assert_eq!(p.ids.len(), 2);
+        assert_eq!(p.ids[&minute_of(AT)], vec![(10, a.id)]);
+    }
+
+    #[test]
+    fn a_redelivered_batch_counts_nothing_and_later_copies_stay_copies() {
+        let (a, b) = (ev("a", AT), ev("a", AT + 1));
+        let evs = [(5, &a), (6, &b)];
+        let mut s = fresh(&evs);
+        assert_eq!(s.plan(&evs).counted, 2);
+        // A successor that read upto = 6 from the store and the ids from the index.
+        let again = s.plan(&evs);
+        assert_eq!((again.counted, again.redelivered), (0, 2));
+        assert!(again.writes.is_empty() && again.ids.is_empty());
+        let later = s.plan(&[(9, &a)]);
+        assert_eq!((later.counted, later.duplicates), (0, 1));
+    }
+
+    #[test]
+    fn a_successor_that_only_saw_upto_still_learns_the_ids_from_the_stream() {
+        // The predecessor counted offsets 0..=1 and wrote upto = 1, but this process loaded the
+        // minute before the predecessor's ids reached the index.
+        let a = ev("a", AT);
+        let mut s = fresh(&[(0, &a)]);
+        s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 1;
+        s.keys
+            .get_mut(&("a".to_string(), day_of(AT)))
+            .unwrap()
+            .counts = {
+            let mut d = DayCounts::default();
+            d.add(&[&a]);
+            d
+        };
+        let p = s.plan(&[(0, &a), (3, &a)]);
+        assert_eq!((p.counted, p.redelivered, p.duplicates), (0, 1, 1));
+    }
+
+    #[test]
+    fn ids_left_by_an_attempt_that_died_before_its_counts_are_not_copies() {
+        // The index has a@4 and b@5 (written, then the process died before the counts); the
+        // (link, day) still says upto = 3.
+        let (a, b) = (ev("a", AT), ev("a", AT + 2));
+        let mut s = fresh(&[(4, &a)]);
+        let bucket = s.buckets.get_mut(&minute_of(AT)).unwrap();
+        bucket.ids.insert(a.id, 4);
+        bucket.ids.insert(b.id, 5);
+        s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 3;
+        let p = s.plan(&[(4, &a), (5, &b), (6, &a), (7, &b)]);
+        assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
+        assert_eq!(total(&p, "a", AT), Some(2));
+    }
+
+    #[test]
+    fn eviction_keeps_what_the_last_batch_used() {
+        let limits = Limits {
+            keys: 10,
+            ids: 10,
+            ..Limits::default()
+        };
+        let old: Vec<ClickEvent> = (0..20)
+            .map(|i| ev(&format!("s{i}"), AT + i * MINUTE_MS))
+            .collect();
+        let refs: Vec<(i64, &ClickEvent)> = (0..).zip(old.iter()).collect();
+        let mut s = fresh(&refs);
+        s.plan(&refs);
+        let recent = ev("s19", AT + 19 * MINUTE_MS);
+        let refs = [(20, &recent)];
+        s.plan(&refs);
+        s.evict(&limits);
+        assert!(s.keys.len() <= 10, "{}", s.keys.len());
+        assert!(s.ids <= 10, "{}", s.ids);
+        assert!(s
+            .keys
+            .contains_key(&("s19".to_string(), day_of(recent.at_ms))));
+        assert!(s.buckets.contains_key(&minute_of(recent.at_ms)));
+        assert_eq!(
+            s.ids,
+            s.buckets.values().map(|b| b.ids.len()).sum::<usize>()
+        );
+    }
+}
