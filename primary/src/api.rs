@@ -1,4 +1,4 @@
-//! The link API: create, read metadata, change status.
+//! The link API: create, read metadata, change status (the list: [`crate::listing`]).
 
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
@@ -48,7 +48,7 @@ pub(crate) fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
+pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
     serde_json::json!({
         "slug": l.slug,
         "short_url": format!("{}/{}", state.settings.public_base_url, l.slug),
@@ -245,6 +245,8 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     if let Some(exp) = new.expires_at_ms {
         state.store.expiries.add(&new.slug, exp).await?;
     }
+    // Before the link too: the owner's list never misses a link that exists.
+    state.store.links.index(&new).await?;
     if state.store.links.insert_if_absent(&new).await? {
         state.cache.forget_local(&new.slug).await;
         state

@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError, Resp};
-use crate::{api, keys, redirect, stats};
+use crate::{api, keys, listing, redirect, stats};
 use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
@@ -151,7 +151,8 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::Healthz | Route::Readyz, _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Metrics, _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Links, &Method::POST) => api::create(&state, req).await,
-        (Route::Links, _) => Err(ApiError::MethodNotAllowed("POST")),
+        (Route::Links, &Method::GET) => listing::list(&state, &req).await,
+        (Route::Links, _) => Err(ApiError::MethodNotAllowed("GET, POST")),
         (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
         (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
         (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH")),

@@ -5,6 +5,7 @@
 //! - [`http`]: route table, middleware (deadline + request metrics), accept loop, graceful drain.
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
+//! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
@@ -34,6 +35,7 @@ pub mod http;
 pub mod ids;
 pub mod keys;
 pub mod limits;
+pub mod listing;
 pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod policy;

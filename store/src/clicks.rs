@@ -33,6 +33,20 @@ const REFERRER: &str = "r";
 const COUNTRY: &str = "g";
 /// City: key = `<ISO code>/<city name>`, only for clicks whose city is known.
 const CITY: &str = "t";
+/// In a month's roll-up only: key = the day (days since 1970-01-01), n = that day's total.
+const DAY: &str = "d";
+/// Distinct referrers and cities kept in a month's roll-up each; the rest are summed under
+/// [`OTHER`].
+pub const MAX_KEYS_PER_MONTH: usize = 500;
+/// A month is rolled up by the stats reader once its last day is this many days old.
+pub const ROLLUP_AFTER_DAYS: i32 = 3;
+/// The counter deletes the roll-up of the month of every click it counts whose day is this
+/// many days old or more. Less than [`ROLLUP_AFTER_DAYS`]: every click of a month that may have
+/// a roll-up is late, even with the counter's clock a day behind the reader's.
+pub const LATE_DAYS: i32 = 2;
+/// A roll-up is written with a timestamp this far before its reads began, so that the
+/// counter's delete of it wins also against a reader whose clock is ahead by up to this much.
+pub const ROLLUP_CLOCK_MARGIN_US: i64 = 10_000_000;
 
 /// Days since 1970-01-01 (UTC) of a time in milliseconds.
 pub fn day_of(ms: i64) -> i32 {
@@ -74,8 +88,79 @@ pub fn referrer_host(referrer: Option<&str>) -> String {
     }
 }
 
+/// Months since 1970-01 (UTC) of a day (days since 1970-01-01).
+pub fn month_of_day(day: i32) -> i32 {
+    use chrono::Datelike;
+    let date = chrono::DateTime::from_timestamp(i64::from(day) * 86_400, 0)
+        .map(|t| t.date_naive())
+        .unwrap_or_default();
+    (date.year() - 1970) * 12 + date.month0() as i32
+}
+
+/// The first day (days since 1970-01-01) of a month (months since 1970-01).
+pub fn first_day_of_month(month: i32) -> i32 {
+    let date = chrono::NaiveDate::from_ymd_opt(
+        1970 + month.div_euclid(12),
+        month.rem_euclid(12) as u32 + 1,
+        1,
+    )
+    .unwrap_or_default();
+    (date - chrono::DateTime::UNIX_EPOCH.date_naive()).num_days() as i32
+}
+
+/// Whether the stats reader may roll `month` up on `today`: its last day is
+/// [`ROLLUP_AFTER_DAYS`] old.
+pub fn month_closed(month: i32, today: i32) -> bool {
+    first_day_of_month(month.saturating_add(1)) - 1 <= today - ROLLUP_AFTER_DAYS
+}
+
+/// Whether the counter, on `today`, deletes the roll-up of the month of a click of `day`.
+pub fn is_late(day: i32, today: i32) -> bool {
+    day <= today - LATE_DAYS
+}
+
+/// A month's roll-up: the count rows of its days summed, each day's total as a [`DAY`] row,
+/// referrers and cities capped at [`MAX_KEYS_PER_MONTH`] each (the least clicked summed under
+/// [`OTHER`]).
+pub fn rollup<'a>(
+    days: impl IntoIterator<Item = (i32, &'a BTreeMap<RowKey, i64>)>,
+) -> BTreeMap<RowKey, i64> {
+    let mut out: BTreeMap<RowKey, i64> = BTreeMap::new();
+    for (day, rows) in days {
+        for (key, n) in rows {
+            *out.entry(key.clone()).or_insert(0) += n;
+        }
+        let total = rows
+            .get(&(COUNT.to_string(), "total".to_string()))
+            .copied()
+            .unwrap_or(0);
+        if total != 0 {
+            *out.entry((DAY.to_string(), day.to_string())).or_insert(0) += total;
+        }
+    }
+    for kind in [REFERRER, CITY] {
+        let mut keys: Vec<(String, i64)> = out
+            .iter()
+            .filter(|((k, key), _)| k == kind && key != OTHER)
+            .map(|((_, key), n)| (key.clone(), *n))
+            .collect();
+        if keys.len() <= MAX_KEYS_PER_MONTH {
+            continue;
+        }
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (key, n) in keys.split_off(MAX_KEYS_PER_MONTH) {
+            out.remove(&(kind.to_string(), key));
+            *out.entry((kind.to_string(), OTHER.to_string()))
+                .or_insert(0) += n;
+        }
+    }
+    out
+}
+
 /// (kind, key) of a count row.
 pub type RowKey = (String, String);
+/// Count rows and their values.
+pub type Cells = BTreeMap<RowKey, i64>;
 
 /// The count rows of one (link, day) as one source counted them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -92,7 +177,8 @@ pub fn cell_name((kind, key): &RowKey) -> String {
 /// The row a `click_totals.n` name stands for; `None` for a name no rule writes.
 pub fn parse_cell(name: &str) -> Option<RowKey> {
     let (kind, key) = name.split_once(':')?;
-    matches!(kind, COUNT | REFERRER | COUNTRY | CITY).then(|| (kind.to_string(), key.to_string()))
+    matches!(kind, COUNT | REFERRER | COUNTRY | CITY | DAY)
+        .then(|| (kind.to_string(), key.to_string()))
 }
 
 impl DayCounts {
@@ -173,12 +259,29 @@ pub struct LinkStats {
 }
 
 impl LinkStats {
+    /// Adds the count rows of one day.
     pub fn merge_day(&mut self, day: i32, rows: &BTreeMap<RowKey, i64>) {
+        self.merge(Some(day), rows);
+    }
+
+    /// Adds a month's [`rollup`].
+    pub fn merge_rollup(&mut self, rows: &BTreeMap<RowKey, i64>) {
+        self.merge(None, rows);
+    }
+
+    fn merge(&mut self, day: Option<i32>, rows: &BTreeMap<RowKey, i64>) {
         for ((kind, key), n) in rows {
             match (kind.as_str(), key.as_str()) {
                 (COUNT, "total") => {
                     self.total += n;
-                    *self.per_day.entry(day).or_insert(0) += n;
+                    if let Some(day) = day {
+                        *self.per_day.entry(day).or_insert(0) += n;
+                    }
+                }
+                (DAY, d) if day.is_none() => {
+                    if let Ok(d) = d.parse::<i32>() {
+                        *self.per_day.entry(d).or_insert(0) += n;
+                    }
                 }
                 (COUNT, k) => {
                     if let Some(t) = k.strip_prefix("tier:") {
@@ -316,6 +419,26 @@ pub struct ClickStore {
     write_seen: PreparedStatement,
     add_day: PreparedStatement,
     list_days: PreparedStatement,
+    read_months: PreparedStatement,
+    write_month: PreparedStatement,
+    drop_month: PreparedStatement,
+}
+
+/// What one stats read cost, and what it left for the next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsReads {
+    /// (link, day) partitions read.
+    pub days: usize,
+    /// Month roll-ups used instead of their days.
+    pub rollups_used: usize,
+    /// Month roll-ups written by this read.
+    pub rollups_written: usize,
+}
+
+/// Microseconds since 1970 by this machine's clock: the timestamps of roll-ups and of their
+/// deletes.
+pub fn now_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
 }
 
 impl ClickStore {
@@ -366,6 +489,17 @@ impl ClickStore {
             .await?,
             add_day: prep("INSERT INTO click_days (slug, day) VALUES (?, ?)", true).await?,
             list_days: prep("SELECT day FROM click_days WHERE slug = ?", true).await?,
+            read_months: prep("SELECT month, n FROM click_months WHERE slug = ?", true).await?,
+            write_month: prep(
+                "INSERT INTO click_months (slug, month, n) VALUES (?, ?, ?) USING TIMESTAMP ?",
+                true,
+            )
+            .await?,
+            drop_month: prep(
+                "DELETE FROM click_months USING TIMESTAMP ? WHERE slug = ? AND month = ?",
+                true,
+            )
+            .await?,
             db,
         })
     }
@@ -396,32 +530,109 @@ impl ClickStore {
         Ok(out)
     }
 
-    /// Every day's counts of `slug`, summed (the days are read 16 at a time).
+    /// Every click of `slug`, summed.
     pub async fn link_stats(self: &Arc<Self>, slug: &str) -> Result<LinkStats, StoreError> {
-        let res = self
-            .db
-            .session()
-            .execute_unpaged(&self.list_days, (slug,))
-            .await
-            .map_err(store::unavailable)?;
-        let days: Vec<i32> = store::all::<(i32,)>(res)?
+        Ok(self.read_link_stats(slug).await?.0)
+    }
+
+    /// Every click of `slug`, summed: the roll-up of each closed month that has one, the days
+    /// of every other month (read 16 at a time). A closed month read day by day gets its
+    /// roll-up written, so the next read of it is one row: a link with years of clicks costs
+    /// the list of its days, its roll-ups and the days of the last month or two.
+    ///
+    /// A roll-up is only as old as its reads: it is written with the timestamp of the moment
+    /// before the reads began (less [`ROLLUP_CLOCK_MARGIN_US`]), and the counter deletes it,
+    /// timestamped after it counted, whenever it counts a late click of that month; a delete
+    /// for a click these reads missed is newer, so it wins however the two writes interleave.
+    pub async fn read_link_stats(
+        self: &Arc<Self>,
+        slug: &str,
+    ) -> Result<(LinkStats, StatsReads), StoreError> {
+        let started_us = now_us();
+        let today = day_of(started_us.div_euclid(1000));
+        let session = self.db.session();
+        let (days, months) = tokio::join!(
+            session.execute_unpaged(&self.list_days, (slug,)),
+            session.execute_unpaged(&self.read_months, (slug,)),
+        );
+        let days: Vec<i32> = store::all::<(i32,)>(days.map_err(store::unavailable)?)?
             .into_iter()
             .map(|(d,)| d)
             .collect();
-        let mut stats = LinkStats::default();
-        for group in days.chunks(16) {
-            let mut reads = tokio::task::JoinSet::new();
-            for &day in group {
-                let (this, slug) = (self.clone(), slug.to_string());
-                reads.spawn(async move { (day, this.day_counts(&slug, day).await) });
-            }
-            while let Some(r) = reads.join_next().await {
-                let (day, counts) =
-                    r.map_err(|e| StoreError::Unavailable(format!("stats read task: {e}")))?;
-                stats.merge_day(day, &counts?.rows);
+        let mut rollups: BTreeMap<i32, BTreeMap<RowKey, i64>> = BTreeMap::new();
+        for (month, cells) in
+            store::all::<(i32, Option<HashMap<String, i64>>)>(months.map_err(store::unavailable)?)?
+        {
+            if month_closed(month, today) {
+                let rows = cells
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(|(name, n)| parse_cell(name).map(|r| (r, *n)))
+                    .collect();
+                rollups.insert(month, rows);
             }
         }
-        Ok(stats)
+        let mut stats = LinkStats::default();
+        let mut reads = StatsReads {
+            rollups_used: rollups.len(),
+            ..StatsReads::default()
+        };
+        for rows in rollups.values() {
+            stats.merge_rollup(rows);
+        }
+        let days: Vec<i32> = days
+            .into_iter()
+            .filter(|d| !rollups.contains_key(&month_of_day(*d)))
+            .collect();
+        reads.days = days.len();
+        let mut read: BTreeMap<i32, DayCounts> = BTreeMap::new();
+        for group in days.chunks(16) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for &day in group {
+                let (this, slug) = (self.clone(), slug.to_string());
+                tasks.spawn(async move { (day, this.day_counts(&slug, day).await) });
+            }
+            while let Some(r) = tasks.join_next().await {
+                let (day, counts) =
+                    r.map_err(|e| StoreError::Unavailable(format!("stats read task: {e}")))?;
+                read.insert(day, counts?);
+            }
+        }
+        let mut closed: BTreeMap<i32, Vec<(i32, &Cells)>> = BTreeMap::new();
+        for (day, counts) in &read {
+            stats.merge_day(*day, &counts.rows);
+            let month = month_of_day(*day);
+            if month_closed(month, today) {
+                closed.entry(month).or_default().push((*day, &counts.rows));
+            }
+        }
+        let at = started_us - ROLLUP_CLOCK_MARGIN_US;
+        for (month, days) in closed {
+            let cells: HashMap<String, i64> = rollup(days)
+                .iter()
+                .map(|(r, n)| (cell_name(r), *n))
+                .collect();
+            // A roll-up not written is only a saving lost: the next read writes it.
+            match session
+                .execute_unpaged(&self.write_month, (slug, month, cells, at))
+                .await
+            {
+                Ok(_) => reads.rollups_written += 1,
+                Err(e) => tracing::warn!(month, error = %e, "click roll-up not written"),
+            }
+        }
+        Ok((stats, reads))
+    }
+
+    /// Deletes the roll-ups of (link, month) at timestamp `at_us` (the counter, after counting
+    /// late clicks of those months).
+    pub async fn drop_rollup(&self, slug: &str, month: i32, at_us: i64) -> Result<(), StoreError> {
+        self.db
+            .session()
+            .execute_unpaged(&self.drop_month, (at_us, slug, month))
+            .await
+            .map(drop)
+            .map_err(store::unavailable)
     }
 }
 

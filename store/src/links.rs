@@ -118,6 +118,23 @@ pub struct Links {
     claim_idem: PreparedStatement,
     get_idem_serial: PreparedStatement,
     scan: PreparedStatement,
+    index_add: PreparedStatement,
+    index_month_add: PreparedStatement,
+    index_months: PreparedStatement,
+    index_first: PreparedStatement,
+    index_after: PreparedStatement,
+}
+
+/// A link's place in its owner's list: newest first, ties by slug (descending).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListPosition {
+    pub created_at_ms: i64,
+    pub slug: String,
+}
+
+/// Months since 1970-01 (UTC) of a time in milliseconds: the bucket of the owner index.
+pub fn month_of_ms(ms: i64) -> i32 {
+    crate::clicks::month_of_day(crate::clicks::day_of(ms))
 }
 
 impl Links {
@@ -167,8 +184,105 @@ impl Links {
                 )
                 .await?,
             scan,
+            index_add: db
+                .prepare(
+                    "INSERT INTO links_by_owner (owner, month, created_at, slug) VALUES (?, ?, ?, ?)",
+                    true,
+                    false,
+                )
+                .await?,
+            index_month_add: db
+                .prepare(
+                    "INSERT INTO owner_months (owner, month) VALUES (?, ?)",
+                    true,
+                    false,
+                )
+                .await?,
+            index_months: db
+                .prepare(
+                    "SELECT month FROM owner_months WHERE owner = ?",
+                    true,
+                    false,
+                )
+                .await?,
+            index_first: db
+                .prepare(
+                    "SELECT created_at, slug FROM links_by_owner \
+                     WHERE owner = ? AND month = ? LIMIT ?",
+                    true,
+                    false,
+                )
+                .await?,
+            index_after: db
+                .prepare(
+                    "SELECT created_at, slug FROM links_by_owner \
+                     WHERE owner = ? AND month = ? AND (created_at, slug) < (?, ?) LIMIT ?",
+                    true,
+                    false,
+                )
+                .await?,
             db,
         })
+    }
+
+    /// Enters `link` in its owner's list. Written before the link itself (a crash in between
+    /// leaves an entry without a link, which the list skips; never a link the list misses).
+    /// A retried create adds an entry with another time for the same slug: the list keeps only
+    /// the entry whose time is the link's.
+    pub async fn index(&self, link: &Link) -> Result<(), StoreError> {
+        let month = month_of_ms(link.created_at_ms);
+        self.db
+            .exec(&self.index_month_add, (&link.owner, month))
+            .await?;
+        self.db
+            .exec(
+                &self.index_add,
+                (
+                    &link.owner,
+                    month,
+                    CqlTimestamp(link.created_at_ms),
+                    &link.slug,
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The months (newest first) in which `owner` created links.
+    pub async fn owner_months(&self, owner: &str) -> Result<Vec<i32>, StoreError> {
+        let res = self.db.exec(&self.index_months, (owner,)).await?;
+        let mut months: Vec<i32> = all::<(i32,)>(res)?.into_iter().map(|(m,)| m).collect();
+        months.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(months)
+    }
+
+    /// Up to `limit` entries of `owner`'s list in `month`, newest first, after `after` (a
+    /// position in that month) or from the month's newest.
+    pub async fn owner_page(
+        &self,
+        owner: &str,
+        month: i32,
+        after: Option<&ListPosition>,
+        limit: i32,
+    ) -> Result<Vec<ListPosition>, StoreError> {
+        let res = match after {
+            Some(p) => {
+                let values = (owner, month, CqlTimestamp(p.created_at_ms), &p.slug, limit);
+                self.db.exec(&self.index_after, values).await?
+            }
+            None => {
+                self.db
+                    .exec(&self.index_first, (owner, month, limit))
+                    .await?
+            }
+        };
+        Ok(all::<(CqlTimestamp, String)>(res)?
+            .into_iter()
+            .map(|(t, slug)| ListPosition {
+                created_at_ms: t.0,
+                slug,
+            })
+            .collect())
     }
 
     fn link_of(row: Option<LinkRow>) -> Result<Option<Link>, StoreError> {

@@ -5,6 +5,9 @@
 use crate::config::StoreConfig;
 use crate::db::{all, connect, first, unavailable, StoreError};
 use crate::outbox::expiry_bucket;
+use scylla::client::session::Session;
+use scylla::value::CqlTimestamp;
+use std::sync::Arc;
 
 const SCHEMA: &str = include_str!("../../deploy/cql/schema.cql");
 
@@ -18,7 +21,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
 /// Creates the keyspace if it is missing and applies every statement of the schema file.
 pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), StoreError> {
     crate::config::validate_keyspace(&cfg.keyspace).map_err(StoreError::Corrupt)?;
-    let session = connect(cfg, None).await?;
+    let session = Arc::new(connect(cfg, None).await?);
     // The keyspace name is validated to [a-z][a-z0-9_]*; DDL cannot bind it as a value.
     let ddl = format!(
         "CREATE KEYSPACE IF NOT EXISTS {} WITH replication = \
@@ -75,6 +78,26 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
                 .map_err(unavailable)?;
         }
     }
+    // Links created before the owner index existed are entered in it once; a marker row
+    // records that it was done (redoing it is harmless: every write is an upsert).
+    let done = session
+        .query_unpaged(
+            "SELECT position FROM cursors WHERE name = 'owner_index'",
+            &[],
+        )
+        .await
+        .map_err(unavailable)?;
+    if first::<(Option<i64>,)>(done)?.is_none() {
+        let entered = index_existing_links(session.clone()).await?;
+        tracing::info!(links = entered, "owner index filled from the links table");
+        session
+            .query_unpaged(
+                "INSERT INTO cursors (name, position) VALUES ('owner_index', ?)",
+                (entered as i64,),
+            )
+            .await
+            .map_err(unavailable)?;
+    }
     // The expiry scheduler starts at the hour the schema was created: every expiry ever
     // written lies after it.
     let now_ms = std::time::SystemTime::now()
@@ -89,6 +112,58 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
         .await
         .map_err(unavailable)?;
     Ok(())
+}
+
+/// Enters every link in `links_by_owner` and `owner_months`, a page of 256 at a time (the
+/// page's writes concurrently). Returns how many links it entered.
+async fn index_existing_links(session: Arc<Session>) -> Result<u64, StoreError> {
+    let mut scan = session
+        .prepare("SELECT owner, created_at, slug FROM links")
+        .await
+        .map_err(unavailable)?;
+    scan.set_page_size(256);
+    let add = session
+        .prepare("INSERT INTO links_by_owner (owner, month, created_at, slug) VALUES (?, ?, ?, ?)")
+        .await
+        .map_err(unavailable)?;
+    let add_month = session
+        .prepare("INSERT INTO owner_months (owner, month) VALUES (?, ?)")
+        .await
+        .map_err(unavailable)?;
+    let mut paging = scylla::response::PagingState::start();
+    let mut entered = 0u64;
+    loop {
+        let (res, next) = session
+            .execute_single_page(&scan, &[], paging)
+            .await
+            .map_err(unavailable)?;
+        let mut writes = tokio::task::JoinSet::new();
+        type Row = (Option<String>, Option<CqlTimestamp>, String);
+        for (owner, created, slug) in all::<Row>(res)? {
+            // The link reader refuses such a row too: nothing to list.
+            let (Some(owner), Some(created)) = (owner, created) else {
+                tracing::warn!(slug = %slug.escape_debug(), "link without owner or creation time not indexed");
+                continue;
+            };
+            let (session, add, add_month) = (session.clone(), add.clone(), add_month.clone());
+            entered += 1;
+            writes.spawn(async move {
+                let month = crate::links::month_of_ms(created.0);
+                session.execute_unpaged(&add_month, (&owner, month)).await?;
+                session
+                    .execute_unpaged(&add, (&owner, month, created, &slug))
+                    .await
+            });
+        }
+        while let Some(r) = writes.join_next().await {
+            r.map_err(|e| StoreError::Unavailable(format!("owner index task: {e}")))?
+                .map_err(unavailable)?;
+        }
+        match next.into_paging_control_flow() {
+            std::ops::ControlFlow::Continue(p) => paging = p,
+            std::ops::ControlFlow::Break(()) => return Ok(entered),
+        }
+    }
 }
 
 /// The statements of deploy/cql/schema.cql, comments removed.
@@ -110,7 +185,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 14);
+        assert_eq!(stmts.len(), 17);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -13,7 +13,8 @@ use uuid::Uuid;
 use zlink_e2e::*;
 use zlink_store::clicks::writer::{Limits, SourceCounter};
 use zlink_store::clicks::{
-    day_of, referrer_host, tier_name, ClickStore, Counted, LinkStats, DAY_MS,
+    day_of, first_day_of_month, month_of_day, referrer_host, tier_name, ClickStore, Counted,
+    LinkStats, StatsReads, DAY_MS,
 };
 use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier, CLICK_EVENT_SCHEMA};
 
@@ -247,6 +248,118 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
     assert_eq!(again.counted, 0, "nothing counted twice: {again:?}");
     assert_eq!(again.redelivered, 1200);
     assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
+}
+
+/// A link with clicks in old months: the first stats read rolls each closed month up, later
+/// reads use the roll-up instead of the month's days. Clicks of a rolled-up month counted late
+/// (a spool replayed after a long outage) delete its roll-up, also when the counter that counted
+/// them died before it could and a successor only finds them redelivered; no read ever misses
+/// a click whose batch was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn old_months_are_read_as_rollups_and_late_clicks_reopen_their_month() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let cs = click_store(&infra, &ks).await;
+    let src = format!("clicks-{ks}:0");
+    let slug = "rolled".to_string();
+    let today = day_of(now_ms());
+    let this = month_of_day(today);
+    let mut n = 0usize;
+    let mut click = |day: i32| {
+        n += 1;
+        let mut e = event(n);
+        e.slug = slug.clone();
+        e.at_ms = i64::from(day) * DAY_MS + (n as i64 % 1000) * 60_000;
+        e
+    };
+    // Three clicks on each of 12 days in each of the three months before last (closed
+    // whatever today's date), and three today.
+    let mut events: Vec<ClickEvent> = Vec::new();
+    for month in this - 4..this - 1 {
+        for k in 0..12 {
+            for _ in 0..3 {
+                events.push(click(first_day_of_month(month) + 2 * k));
+            }
+        }
+    }
+    for _ in 0..3 {
+        events.push(click(today));
+    }
+    let mut offset = 0i64;
+    let mut numbered = |batch: &[ClickEvent]| -> Vec<(i64, ClickEvent)> {
+        batch
+            .iter()
+            .map(|e| {
+                offset += 1;
+                (offset, e.clone())
+            })
+            .collect()
+    };
+    let mut counter = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    count_batch(&mut counter, &numbered(&events)).await.unwrap();
+    let want = |events: &[ClickEvent]| expected(events).remove(&slug).unwrap();
+
+    let (first, reads) = cs.read_link_stats(&slug).await.unwrap();
+    assert_eq!(first, want(&events));
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 37,
+            rollups_used: 0,
+            rollups_written: 3
+        }
+    );
+    let (second, reads) = cs.read_link_stats(&slug).await.unwrap();
+    assert_eq!(second, first, "the roll-ups say what the days said");
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 1,
+            rollups_used: 3,
+            rollups_written: 0
+        },
+        "only today is read day by day"
+    );
+
+    // Late clicks of month this-3: on a day it has and on one it had no clicks on.
+    let late: Vec<ClickEvent> = [0, 0, 1, 1, 1]
+        .iter()
+        .map(|k| click(first_day_of_month(this - 3) + k))
+        .collect();
+    count_batch(&mut counter, &numbered(&late)).await.unwrap();
+    events.extend(late);
+    let (third, reads) = cs.read_link_stats(&slug).await.unwrap();
+    assert_eq!(third, want(&events), "the late clicks are in");
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 14,
+            rollups_used: 2,
+            rollups_written: 1
+        },
+        "month this-3 read day by day again and rolled up anew"
+    );
+
+    // A batch of a late click and one of today; its counter writes the late click's count and
+    // dies before anything else. Its successor finds that click redelivered and today's new.
+    let batch = numbered(&[click(first_day_of_month(this - 2) + 5), click(today)]);
+    let mut dying = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    dying.fail_next_batch_after(1);
+    assert!(count_batch(&mut dying, &batch).await.is_err());
+    let mut successor = SourceCounter::new(cs.clone(), src, Limits::default());
+    let c = count_batch(&mut successor, &batch).await.unwrap();
+    assert_eq!((c.counted, c.redelivered), (1, 1));
+    events.extend(batch.into_iter().map(|(_, e)| e));
+    let (fourth, reads) = cs.read_link_stats(&slug).await.unwrap();
+    assert_eq!(
+        fourth,
+        want(&events),
+        "the redelivered click's month was reopened"
+    );
+    assert_eq!((reads.rollups_used, reads.rollups_written), (2, 1));
+    let (fifth, reads) = cs.read_link_stats(&slug).await.unwrap();
+    assert_eq!(fifth, fourth);
+    assert_eq!(reads.days, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

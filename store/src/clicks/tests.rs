@@ -165,3 +165,121 @@ fn places_and_devices_are_counted_and_cities_capped() {
     assert_eq!(j["top_cities"][0]["city"], OTHER);
     assert_eq!(j["top_cities"][1]["country"], "DE");
 }
+
+#[test]
+fn months_are_utc_calendar_months() {
+    assert_eq!(month_of_day(0), 0);
+    assert_eq!(month_of_day(30), 0, "1970-01-31");
+    assert_eq!(month_of_day(31), 1, "1970-02-01");
+    assert_eq!(month_of_day(-1), -1, "1969-12-31");
+    assert_eq!(first_day_of_month(1), 31);
+    assert_eq!(first_day_of_month(-1), -31);
+    // 2024-02 has 29 days: 2024-03-01 is day 19783.
+    let feb_2024 = (2024 - 1970) * 12 + 1;
+    assert_eq!(
+        first_day_of_month(feb_2024 + 1) - first_day_of_month(feb_2024),
+        29
+    );
+    assert_eq!(first_day_of_month(feb_2024 + 1), 19_783);
+    for day in 19_000..21_000 {
+        let m = month_of_day(day);
+        assert!(first_day_of_month(m) <= day && day < first_day_of_month(m + 1));
+    }
+}
+
+/// The roll-up rule's safety: every day of a month the reader may roll up is late to a counter
+/// whose clock is up to a day behind (or any amount ahead), so the counter deletes the roll-up
+/// whenever it counts a click of that month afterwards.
+#[test]
+fn every_click_of_a_month_that_may_be_rolled_up_is_late_to_the_counter() {
+    for today in 19_700..19_800 {
+        for month in month_of_day(today) - 3..=month_of_day(today) {
+            if !month_closed(month, today) {
+                continue;
+            }
+            for day in first_day_of_month(month)..first_day_of_month(month + 1) {
+                for counter_today in [today - 1, today, today + 40] {
+                    assert!(is_late(day, counter_today), "{day} {counter_today}");
+                }
+            }
+        }
+        assert!(
+            !month_closed(month_of_day(today), today),
+            "never the current month"
+        );
+    }
+    // 2026-11 closes on 2026-12-03 (its last day three days old).
+    let nov = (2026 - 1970) * 12 + 10;
+    let dec_1 = first_day_of_month(nov + 1);
+    assert!(!month_closed(nov, dec_1 + 1));
+    assert!(month_closed(nov, dec_1 + 2));
+}
+
+#[test]
+fn a_rollup_gives_the_stats_its_days_give() {
+    let mut days: Vec<(i32, DayCounts)> = Vec::new();
+    for (day, clicks) in [(100, 3), (101, 0), (105, 7)] {
+        let mut d = DayCounts::default();
+        let events: Vec<ClickEvent> = (0..clicks)
+            .map(|i| {
+                ev(
+                    [Tier::Primary, Tier::Lastresort][i % 2],
+                    AgentClass::Browser,
+                    Some(&format!("https://r{i}.example/")),
+                )
+            })
+            .collect();
+        d.add(&events.iter().collect::<Vec<_>>());
+        days.push((day, d));
+    }
+    let mut by_day = LinkStats::default();
+    for (day, d) in &days {
+        by_day.merge_day(*day, &d.rows);
+    }
+    let rolled = rollup(days.iter().map(|(day, d)| (*day, &d.rows)));
+    let mut by_month = LinkStats::default();
+    by_month.merge_rollup(&rolled);
+    assert_eq!(by_month, by_day);
+    assert_eq!(by_month.per_day, BTreeMap::from([(100, 3), (105, 7)]));
+    // Its cells survive the trip through the table's map.
+    let back: BTreeMap<RowKey, i64> = rolled
+        .iter()
+        .map(|(r, n)| (parse_cell(&cell_name(r)).unwrap(), *n))
+        .collect();
+    assert_eq!(back, rolled);
+}
+
+#[test]
+fn a_rollup_keeps_the_most_clicked_referrers_and_sums_the_rest() {
+    let mut days = Vec::new();
+    for day in 0..10 {
+        let mut d = DayCounts::default();
+        // 100 referrers a day, 1,000 distinct in all; r<day>-0 is clicked most.
+        let events: Vec<ClickEvent> = (0..100)
+            .flat_map(|i| {
+                let n = if i == 0 { 5 } else { 1 };
+                (0..n).map(move |_| {
+                    ev(
+                        Tier::Primary,
+                        AgentClass::Browser,
+                        Some(&format!("https://r{day}-{i}.example/")),
+                    )
+                })
+            })
+            .collect();
+        d.add(&events.iter().collect::<Vec<_>>());
+        days.push((day, d));
+    }
+    let rolled = rollup(days.iter().map(|(day, d)| (*day, &d.rows)));
+    let referrers: BTreeMap<&str, i64> = rolled
+        .iter()
+        .filter(|((k, _), _)| k == "r")
+        .map(|((_, key), n)| (key.as_str(), *n))
+        .collect();
+    assert_eq!(referrers.len(), MAX_KEYS_PER_MONTH + 1);
+    assert_eq!(referrers.values().sum::<i64>(), 1040, "no click lost");
+    assert_eq!(referrers[OTHER], 1000 - MAX_KEYS_PER_MONTH as i64);
+    for day in 0..10 {
+        assert_eq!(referrers[format!("r{day}-0.example").as_str()], 5);
+    }
+}

@@ -13,9 +13,11 @@
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
 //! the next one reloads what the store has.
 
-use super::{cell_name, day_of, ClickStore, Counted, DayCounts, RowKey};
+use super::{
+    cell_name, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts, RowKey,
+};
 use crate::db::{self as store, StoreError};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use tokio::task::JoinSet;
@@ -307,6 +309,7 @@ impl SourceCounter {
         self.write_days(&plan.writes).await?;
         let failpoint = self.fail_after_writes.take();
         self.write_counts(&plan.writes, failpoint).await?;
+        self.drop_rollups(events).await?;
         for k in plan.writes.keys() {
             if let Some(ks) = self.state.keys.get_mut(k) {
                 ks.listed = true;
@@ -448,6 +451,30 @@ impl SourceCounter {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// After the counts: deletes the roll-up of every month a late click of the batch (see
+    /// [`is_late`]) belongs to, whether counted now or before: a batch delivered again after a
+    /// predecessor counted it and died before this step deletes what that one did not.
+    async fn drop_rollups(&self, events: &[(i64, ClickEvent)]) -> Result<(), StoreError> {
+        let today = day_of(chrono::Utc::now().timestamp_millis());
+        let months: BTreeSet<(String, i32)> = events
+            .iter()
+            .map(|(_, e)| (e, day_of(e.at_ms)))
+            .filter(|(_, day)| is_late(*day, today))
+            .map(|(e, day)| (e.slug.clone(), month_of_day(day)))
+            .collect();
+        if months.is_empty() {
+            return Ok(());
+        }
+        // Taken after every count of the batch was written: newer than the start of any read
+        // that missed one.
+        let at = now_us();
+        self.run_all(
+            months.into_iter().collect(),
+            move |store, (slug, month)| async move { store.drop_rollup(&slug, month, at).await },
+        )
+        .await
     }
 
     /// Runs `f` on every item, `concurrency` at a time; the first error ends it.

@@ -216,4 +216,11 @@ async fn migrate_upgrades_a_keyspace_an_older_release_made() {
         .expect("the old key is found by its id");
     assert_eq!((hash.as_str(), rec.owner.as_str()), ("old-hash", "old"));
     assert!(store.keys.get("old-hash").await.unwrap().unwrap().revoked);
+    // The link made before the owner index existed is in its owner's list.
+    assert_eq!(store.links.owner_months("old").await.unwrap(), vec![0]);
+    let page = store.links.owner_page("old", 0, None, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|p| p.slug.as_str()).collect::<Vec<_>>(),
+        vec!["old-link"]
+    );
 }

@@ -13,6 +13,7 @@ use zlink_wire::events::LinkEventKind;
 
 mod cache;
 mod input;
+mod listing;
 
 async fn get(url: &str) -> reqwest::Response {
     client().get(url).send().await.expect("request")
