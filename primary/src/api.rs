@@ -1,4 +1,4 @@
-//! The link API: create, read metadata, change status (the list: [`crate::listing`]).
+//! The link API: create, read metadata, change status, delete (the list: [`crate::listing`]).
 
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
@@ -34,10 +34,11 @@ struct PatchRequest {
     status: String,
 }
 
-/// The status a reader sees: a link past its expiry is EXPIRED whatever the row says.
+/// The status a reader sees: a link past its expiry is EXPIRED whatever the row says, unless
+/// it was deleted.
 pub fn effective_status(status: LinkStatus, expires_at_ms: Option<i64>, now_ms: i64) -> LinkStatus {
     match expires_at_ms {
-        Some(exp) if exp <= now_ms => LinkStatus::Expired,
+        Some(exp) if exp <= now_ms && status != LinkStatus::Deleted => LinkStatus::Expired,
         _ => status,
     }
 }
@@ -338,6 +339,12 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
                 "EXPIRED is set by the expiry scheduler, not the API".into(),
             ))
         }
+        Ok(LinkStatus::Deleted) => {
+            return Err(ApiError::Invalid(
+                "invalid_status",
+                "a link is deleted with DELETE /api/v1/links/{slug}".into(),
+            ))
+        }
         Ok(s) => s,
         Err(()) => {
             return Err(ApiError::Invalid(
@@ -367,6 +374,61 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
         admin: principal.admin,
         key_id: principal.key_id.clone(),
     });
+    let kind = if to == LinkStatus::Disabled {
+        LinkEventKind::Disabled
+    } else {
+        LinkEventKind::Enabled
+    };
+    let updated = change(state, &principal, link, to, disabled_by, kind).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &link_json(state, &updated, now),
+    ))
+}
+
+/// `DELETE /api/v1/links/{slug}` (owner or admin): the link becomes DELETED for good, from any
+/// state (a takedown included): 410 on every rung, the replicator replaces its page with a
+/// DELETED tombstone, the slug stays taken. Deleting a deleted link answers the same 200.
+pub async fn delete(
+    state: &AppState,
+    req: Request<Incoming>,
+    slug: &str,
+) -> Result<Resp, ApiError> {
+    let principal = writer(state, &req).await?;
+    let link = load_managed(state, &principal, slug, true).await?;
+    let now = state.clock.now_ms();
+    if link.status == LinkStatus::Deleted {
+        return Ok(json_response(StatusCode::OK, &link_json(state, &link, now)));
+    }
+    // A takedown's record stays with the deleted link.
+    let disabled_by = link.disabled_by.clone();
+    let updated = change(
+        state,
+        &principal,
+        link,
+        LinkStatus::Deleted,
+        disabled_by,
+        LinkEventKind::Deleted,
+    )
+    .await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &link_json(state, &updated, now),
+    ))
+}
+
+/// Moves `link` (read with a SERIAL read) to `to` with a compare-and-set on its status and
+/// version: the outbox row first, then the change, then memcached and the event. When this
+/// returns, memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
+async fn change(
+    state: &AppState,
+    principal: &Principal,
+    link: Link,
+    to: LinkStatus,
+    disabled_by: Option<DisabledBy>,
+    kind: LinkEventKind,
+) -> Result<Link, ApiError> {
+    let now = state.clock.now_ms();
     if state.events.uses_outbox() {
         let row = OutboxRow::new(&link.slug, now, link.version + 1);
         state.store.outbox.add(&row).await?;
@@ -398,11 +460,6 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
         .cache
         .changed(&updated.slug, &crate::cache::CachedLink::from(&updated))
         .await;
-    let kind = if to == LinkStatus::Disabled {
-        LinkEventKind::Disabled
-    } else {
-        LinkEventKind::Enabled
-    };
     state.events.link_changed(link_event(kind, &updated, now));
     tracing::info!(
         slug = %updated.slug,
@@ -412,10 +469,7 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
         admin = principal.admin,
         "link status changed"
     );
-    Ok(json_response(
-        StatusCode::OK,
-        &link_json(state, &updated, now),
-    ))
+    Ok(updated)
 }
 
 #[cfg(test)]
@@ -439,6 +493,10 @@ mod tests {
         assert_eq!(
             effective_status(LinkStatus::Disabled, Some(5), 10),
             LinkStatus::Expired
+        );
+        assert_eq!(
+            effective_status(LinkStatus::Deleted, Some(5), 10),
+            LinkStatus::Deleted
         );
     }
 

@@ -33,6 +33,7 @@ pub fn kind_label(kind: LinkEventKind) -> &'static str {
         LinkEventKind::Disabled => "disabled",
         LinkEventKind::Enabled => "enabled",
         LinkEventKind::Expired => "expired",
+        LinkEventKind::Deleted => "deleted",
     }
 }
 

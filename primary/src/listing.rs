@@ -6,7 +6,8 @@
 //! retried create: the list reads each entry's link and keeps only entries whose link exists,
 //! belongs to the owner and was created at the entry's time. A status filter is applied to
 //! those links, so a page may hold fewer than `limit` links while `next_cursor` is not null;
-//! one request examines at most [`MAX_EXAMINED`] entries.
+//! one request examines at most [`MAX_EXAMINED`] entries. Deleted links are listed only with
+//! `status=DELETED`.
 
 use crate::api::{effective_status, link_json, writer};
 use crate::app::AppState;
@@ -90,7 +91,7 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
                 q.status = Some(v.parse::<LinkStatus>().map_err(|()| {
                     invalid(
                         "invalid_status",
-                        "status must be ACTIVE, DISABLED or EXPIRED",
+                        "status must be ACTIVE, DISABLED, EXPIRED or DELETED",
                     )
                 })?);
             }
@@ -157,7 +158,10 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
                     continue;
                 }
                 let status = effective_status(link.status, link.expires_at_ms, now);
-                if q.status.is_some_and(|s| s != status) {
+                // Deleted links only when asked for.
+                if q.status.unwrap_or(LinkStatus::Active) != status
+                    && (q.status.is_some() || status == LinkStatus::Deleted)
+                {
                     continue;
                 }
                 out.push(link);

@@ -276,6 +276,7 @@ fn current_kind(link: &Link) -> LinkEventKind {
         LinkStatus::Active => LinkEventKind::Enabled,
         LinkStatus::Disabled => LinkEventKind::Disabled,
         LinkStatus::Expired => LinkEventKind::Expired,
+        LinkStatus::Deleted => LinkEventKind::Deleted,
     }
 }
 

@@ -128,6 +128,10 @@ fn desired_state(
             reason: GoneReason::Expired,
             version,
         }),
+        LinkStatus::Deleted => Desired::Tombstone(Tombstone {
+            reason: GoneReason::Deleted,
+            version,
+        }),
     }
 }
 
@@ -316,6 +320,10 @@ mod tests {
         assert_eq!(
             desired(&ev(LinkStatus::Expired, None), 10),
             gone(GoneReason::Expired)
+        );
+        assert_eq!(
+            desired(&ev(LinkStatus::Deleted, Some(11)), 10),
+            gone(GoneReason::Deleted)
         );
     }
 

@@ -71,3 +71,13 @@ pub async fn patch_status(base: &str, key: &str, slug: &str, status: &str) -> re
         .await
         .expect("request")
 }
+
+/// `DELETE /api/v1/links/{slug}` as `key`.
+pub async fn delete_link(base: &str, key: &str, slug: &str) -> reqwest::Response {
+    client()
+        .delete(format!("{base}/api/v1/links/{slug}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("request")
+}

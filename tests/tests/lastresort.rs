@@ -50,6 +50,7 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
         json!({"url": "https://bücher.example/straße", "slug": "idn-link", "redirect_code": 308}),
         json!({"url": "https://example.com/soon", "slug": "expires-soon", "expires_at": soon}),
         json!({"url": "https://example.com/off", "slug": "disabled-one"}),
+        json!({"url": "https://example.com/del", "slug": "deleted-one"}),
     ];
     let mut slugs = Vec::new();
     for b in bodies {
@@ -87,6 +88,24 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
     );
     assert_eq!(
         get(&lr.url("/disabled-one")).await.status(),
+        StatusCode::GONE
+    );
+    // Deleted likewise (a DELETED tombstone).
+    assert_eq!(
+        delete_link(&p.base, &key, "deleted-one").await.status(),
+        StatusCode::OK
+    );
+    let u = infra.blob_url(&n.s3_prefix, "deleted-one");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let u = u.clone();
+            async move { get(&u).await.status() == StatusCode::NOT_FOUND }
+        })
+        .await,
+        "deleted link's blob deleted"
+    );
+    assert_eq!(
+        get(&lr.url("/deleted-one")).await.status(),
         StatusCode::GONE
     );
 

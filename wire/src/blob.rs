@@ -258,6 +258,7 @@ pub const TOMBSTONE_BODY: &str = "gone\n";
 pub enum GoneReason {
     Disabled,
     Expired,
+    Deleted,
 }
 
 impl GoneReason {
@@ -265,6 +266,7 @@ impl GoneReason {
         match self {
             GoneReason::Disabled => "DISABLED",
             GoneReason::Expired => "EXPIRED",
+            GoneReason::Deleted => "DELETED",
         }
     }
 }
@@ -291,6 +293,7 @@ pub fn parse_tombstone<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<Tomb
     let reason = match get(meta::STATUS) {
         Some("DISABLED") => GoneReason::Disabled,
         Some("EXPIRED") => GoneReason::Expired,
+        Some("DELETED") => GoneReason::Deleted,
         _ => return Err(BlobError::Metadata),
     };
     let version: i64 = get(meta::VERSION)

@@ -19,6 +19,7 @@ pub enum LinkEventKind {
     Disabled,
     Enabled,
     Expired,
+    Deleted,
 }
 
 /// The state of one link after a change. `version` increases by one with every change of the

@@ -4,14 +4,17 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// Lifecycle of a link: ACTIVE ↔ DISABLED (owner or admin), ACTIVE → EXPIRED (the clock).
-/// EXPIRED is final.
+/// Lifecycle of a link: ACTIVE ↔ DISABLED (owner or admin), ACTIVE → EXPIRED (the clock),
+/// any other state → DELETED (owner or admin, `DELETE /api/v1/links/{slug}`). DELETED is
+/// final; EXPIRED only leads to DELETED. A deleted link's slug stays taken (its tombstone
+/// answers 410 on every rung).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum LinkStatus {
     Active,
     Disabled,
     Expired,
+    Deleted,
 }
 
 impl LinkStatus {
@@ -20,6 +23,7 @@ impl LinkStatus {
             LinkStatus::Active => "ACTIVE",
             LinkStatus::Disabled => "DISABLED",
             LinkStatus::Expired => "EXPIRED",
+            LinkStatus::Deleted => "DELETED",
         }
     }
 
@@ -30,6 +34,10 @@ impl LinkStatus {
             (LinkStatus::Active, LinkStatus::Disabled)
                 | (LinkStatus::Disabled, LinkStatus::Active)
                 | (LinkStatus::Active, LinkStatus::Expired)
+                | (
+                    LinkStatus::Active | LinkStatus::Disabled | LinkStatus::Expired,
+                    LinkStatus::Deleted
+                )
         )
     }
 }
@@ -47,6 +55,7 @@ impl FromStr for LinkStatus {
             "ACTIVE" => Ok(LinkStatus::Active),
             "DISABLED" => Ok(LinkStatus::Disabled),
             "EXPIRED" => Ok(LinkStatus::Expired),
+            "DELETED" => Ok(LinkStatus::Deleted),
             _ => Err(()),
         }
     }
@@ -65,7 +74,7 @@ mod tests {
 
     #[test]
     fn only_the_specified_transitions_are_allowed() {
-        let all = [Active, Disabled, Expired];
+        let all = [Active, Disabled, Expired, Deleted];
         let allowed: Vec<_> = all
             .iter()
             .flat_map(|&a| all.iter().map(move |&b| (a, b)))
@@ -73,7 +82,14 @@ mod tests {
             .collect();
         assert_eq!(
             allowed,
-            vec![(Active, Disabled), (Active, Expired), (Disabled, Active)]
+            vec![
+                (Active, Disabled),
+                (Active, Expired),
+                (Active, Deleted),
+                (Disabled, Active),
+                (Disabled, Deleted),
+                (Expired, Deleted)
+            ]
         );
     }
 

@@ -144,6 +144,21 @@ async fn created_link_is_in_s3_as_the_specified_blob_disable_removes_it_enable_r
         .unwrap();
     assert_eq!(blob::parse(text.as_bytes()).unwrap().version, 3);
 
+    // Deleted: the page goes for good, a DELETED tombstone stays.
+    let r_del = delete_link(&p.base, &key, &slug).await;
+    assert_eq!(r_del.status(), StatusCode::OK);
+    assert!(
+        wait_blob(&url, StatusCode::NOT_FOUND, Duration::from_secs(5)).await,
+        "deleted link's blob deleted"
+    );
+    assert_eq!(
+        r.s3.get_tombstone(&slug)
+            .await
+            .unwrap()
+            .map(|t| (t.reason, t.version)),
+        Some((blob::GoneReason::Deleted, 4))
+    );
+
     assert!(r.metrics.create_to_s3_seconds.get_sample_count() >= 1);
     r.stop().await;
     p.stop().await;
