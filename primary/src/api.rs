@@ -19,13 +19,21 @@ use zlink_wire::{link, longurl, slug, LinkStatus};
 /// Links may not expire further out than this (CQL timestamps and sanity).
 const MAX_EXPIRY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
+/// The body of a create, and each item of a bulk create.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CreateRequest {
+pub(crate) struct CreateRequest {
     url: String,
     slug: Option<String>,
     expires_at: Option<String>,
     redirect_code: Option<u16>,
+}
+
+/// What a create did: the link, and whether it was made by an earlier attempt of the same
+/// idempotent request (a replay).
+pub(crate) struct Created {
+    pub link: Link,
+    pub replayed: bool,
 }
 
 #[derive(Deserialize)]
@@ -120,7 +128,7 @@ pub(crate) async fn read_json<T: DeserializeOwned>(
     })
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(v) = headers.get("idempotency-key") else {
         return Ok(None);
     };
@@ -164,6 +172,26 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     let principal = writer(state, &req).await?;
     let idem_key = idempotency_key(req.headers())?;
     let body: CreateRequest = read_json(req, state.settings.max_body_bytes).await?;
+    let created = create_link(state, &principal, body, idem_key.as_deref()).await?;
+    let mut resp = json_response(
+        StatusCode::CREATED,
+        &link_json(state, &created.link, state.clock.now_ms()),
+    );
+    if created.replayed {
+        resp.headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(resp)
+}
+
+/// Validates and creates one link for `principal` (the caller admitted the write). With an
+/// idempotency key, every retry converges on the slug the first attempt claimed.
+pub(crate) async fn create_link(
+    state: &AppState,
+    principal: &Principal,
+    body: CreateRequest,
+    idem_key: Option<&str>,
+) -> Result<Created, ApiError> {
     let now = state.clock.now_ms();
 
     let url = longurl::normalize(&body.url)
@@ -195,7 +223,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         }
     };
     // Every retry with the same key converges on the slug the first attempt claimed.
-    let idem = match &idem_key {
+    let idem = match idem_key {
         Some(key) => {
             let fingerprint = sha256_hex(&[
                 &url,
@@ -254,10 +282,10 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
             .events
             .link_changed(link_event(LinkEventKind::Created, &new, now));
         tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
-        return Ok(json_response(
-            StatusCode::CREATED,
-            &link_json(state, &new, now),
-        ));
+        return Ok(Created {
+            link: new,
+            replayed: false,
+        });
     }
     // The slug exists: either an earlier attempt of this same idempotent request, or taken.
     let existing = state
@@ -267,10 +295,10 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         .await?
         .ok_or_else(|| ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug)))?;
     if idem.is_some() && existing.idem == idem {
-        let mut resp = json_response(StatusCode::CREATED, &link_json(state, &existing, now));
-        resp.headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
-        return Ok(resp);
+        return Ok(Created {
+            link: existing,
+            replayed: true,
+        });
     }
     if body.slug.is_some() {
         return Err(ApiError::Conflict(

@@ -211,6 +211,20 @@ impl AppState {
             .map_err(|wait| self.limited("writes_per_key", wait))
     }
 
+    /// Admits up to `n` link writes by `principal` at once (a bulk create): as many as its
+    /// bucket holds now, at least one, else 429. Admin keys are not limited.
+    pub fn admit_writes(&self, principal: &Principal, n: usize) -> Result<usize, ApiError> {
+        if principal.admin {
+            return Ok(n);
+        }
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        self.limits
+            .writes_per_key
+            .check_n(principal.key_id.clone(), n)
+            .map(|k| k as usize)
+            .map_err(|wait| self.limited("writes_per_key", wait))
+    }
+
     fn limited(&self, label: &str, wait: std::time::Duration) -> ApiError {
         self.metrics.rate_limited.with_label_values(&[label]).inc();
         ApiError::RateLimited(retry_after_secs(wait))

@@ -100,7 +100,7 @@ impl ApiError {
     }
 
     /// Internal details and dependency failures go to the log, never the response.
-    fn log(&self) {
+    pub(crate) fn log(&self) {
         match self {
             ApiError::Internal(detail) => tracing::error!(detail = ?detail, "internal error"),
             // An open circuit answers thousands of requests a second: its opening was logged.

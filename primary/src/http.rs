@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError, Resp};
-use crate::{api, keys, listing, redirect, stats};
+use crate::{api, bulk, keys, listing, redirect, stats};
 use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
@@ -26,6 +26,7 @@ pub enum Route<'a> {
     Readyz,
     Metrics,
     Links,
+    LinksBulk,
     Link(&'a str),
     Keys,
     Key(&'a str),
@@ -43,6 +44,7 @@ impl<'a> Route<'a> {
             "/readyz" => Route::Readyz,
             "/metrics" => Route::Metrics,
             "/api/v1/links" => Route::Links,
+            "/api/v1/links/bulk" => Route::LinksBulk,
             "/api/v1/keys" => Route::Keys,
             _ => {
                 if let Some(id) = path.strip_prefix("/api/v1/keys/") {
@@ -83,6 +85,7 @@ impl<'a> Route<'a> {
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
             Route::Links => "links",
+            Route::LinksBulk => "links_bulk",
             Route::Link(_) => "link",
             Route::Keys => "keys",
             Route::Key(_) => "key",
@@ -153,6 +156,8 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::Links, &Method::POST) => api::create(&state, req).await,
         (Route::Links, &Method::GET) => listing::list(&state, &req).await,
         (Route::Links, _) => Err(ApiError::MethodNotAllowed("GET, POST")),
+        (Route::LinksBulk, &Method::POST) => bulk::create(&state, req).await,
+        (Route::LinksBulk, _) => Err(ApiError::MethodNotAllowed("POST")),
         (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
         (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
         (Route::Link(slug), &Method::DELETE) => api::delete(&state, req, slug).await,
@@ -295,6 +300,7 @@ mod tests {
             ("/readyz", Readyz),
             ("/metrics", Metrics),
             ("/api/v1/links", Links),
+            ("/api/v1/links/bulk", LinksBulk),
             ("/api/v1/links/abc", Link("abc")),
             ("/api/v1/links/abc/stats", LinkStats("abc")),
             ("/api/v1/keys", Keys),

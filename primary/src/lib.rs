@@ -6,6 +6,7 @@
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
+//! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
@@ -26,6 +27,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod bulk;
 pub mod cache;
 pub mod config;
 pub mod counter;

@@ -91,22 +91,42 @@ impl<K: Hash + Eq + Send + Sync + Clone + 'static> Limiter<K> {
         self.check_at(key, self.epoch.elapsed(), rate)
     }
 
-    fn check_at(&self, key: K, now: Duration, rate: Rate) -> Result<(), Duration> {
+    /// Admits as many of `n` requests for `key` as its bucket holds now (at least one), or
+    /// says how long until one would be admitted.
+    pub fn check_n(&self, key: K, n: u32) -> Result<u32, Duration> {
+        let Some(rate) = self.rate else { return Ok(n) };
+        self.check_n_at(key, self.epoch.elapsed(), rate, n)
+    }
+
+    fn check_n_at(&self, key: K, now: Duration, rate: Rate, n: u32) -> Result<u32, Duration> {
         let now = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
-        let interval = u64::try_from(rate.interval.as_nanos()).unwrap_or(u64::MAX);
+        let interval = u64::try_from(rate.interval.as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let tolerance = interval.saturating_mul(u64::from(rate.burst));
         let cell = self.tats.get_with(key, || Arc::new(AtomicU64::new(0)));
         let mut tat = cell.load(Ordering::Acquire);
         loop {
-            let next = tat.max(now).saturating_add(interval);
-            if next - now > tolerance {
-                return Err(Duration::from_nanos(next - now - tolerance));
+            let start = tat.max(now);
+            // Requests that fit: start + k × interval - now ≤ tolerance.
+            let room = tolerance.saturating_add(now).saturating_sub(start) / interval;
+            let k = room.min(u64::from(n));
+            if k == 0 {
+                let next = start.saturating_add(interval);
+                return Err(Duration::from_nanos(
+                    next.saturating_sub(now).saturating_sub(tolerance),
+                ));
             }
+            let next = start.saturating_add(k * interval);
             match cell.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(k as u32),
                 Err(current) => tat = current,
             }
         }
+    }
+
+    fn check_at(&self, key: K, now: Duration, rate: Rate) -> Result<(), Duration> {
+        self.check_n_at(key, now, rate, 1).map(drop)
     }
 }
 
@@ -174,6 +194,28 @@ mod tests {
             assert!(l.check_at("k", later, r).is_ok());
         }
         assert!(l.check_at("k", later, r).is_err());
+    }
+
+    #[test]
+    fn a_batch_takes_what_the_bucket_holds() {
+        let r = rate("10/s:5");
+        let l = Limiter::<&str>::new(RateSpec(Some(r)), 100);
+        let t0 = Duration::from_secs(100);
+        assert_eq!(l.check_n_at("k", t0, r, 3), Ok(3));
+        assert_eq!(
+            l.check_n_at("k", t0, r, 1000),
+            Ok(2),
+            "the rest of the burst"
+        );
+        assert_eq!(
+            l.check_n_at("k", t0, r, 1000),
+            Err(Duration::from_millis(100))
+        );
+        assert_eq!(
+            l.check_n_at("k", t0 + Duration::from_millis(250), r, 1000),
+            Ok(2)
+        );
+        assert!(l.check_at("k", t0 + Duration::from_millis(250), r).is_err());
     }
 
     #[test]

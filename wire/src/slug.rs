@@ -26,6 +26,7 @@ pub const RESERVED: &[&str] = &[
     "admin",
     "api",
     "assets",
+    "bulk",
     "dashboard",
     "debug",
     "docs",

@@ -11,6 +11,7 @@ use zlink_clients::clock::{Clock, ManualClock};
 use zlink_e2e::*;
 use zlink_wire::events::LinkEventKind;
 
+mod bulk;
 mod cache;
 mod input;
 mod listing;

@@ -1,0 +1,246 @@
+//! `POST /api/v1/links/bulk`: 1,000 links in one request with a result per item, items that
+//! fail alone, idempotent retries, the key's write limit per item, bad requests refused whole.
+
+use super::*;
+
+async fn bulk(base: &str, key: &str, body: &Value, idem: Option<&str>) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{base}/api/v1/links/bulk"))
+        .bearer_auth(key)
+        .json(body);
+    if let Some(k) = idem {
+        req = req.header("idempotency-key", k);
+    }
+    req.send().await.expect("request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_links_in_one_request_each_with_its_own_result() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let p = spawn_primary(&infra, &ks, &[], None).await;
+    let alice = create_key(&p.state, "alice", false).await;
+    let r = create(
+        &p.base,
+        &alice,
+        json!({"url": "https://example.com/old", "slug": "already-here"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    // 1,000 items: auto slugs, custom slugs, and five that must fail alone.
+    let mut items: Vec<Value> = (0..1000)
+        .map(|i| match i % 4 {
+            0 => {
+                json!({"url": format!("https://example.com/bulk/{i}"), "slug": format!("bulk-{i}")})
+            }
+            _ => {
+                json!({"url": format!("https://example.com/bulk/{i}?n={i}"), "redirect_code": 301})
+            }
+        })
+        .collect();
+    let failing = [
+        (
+            10,
+            json!({"url": "javascript:alert(1)"}),
+            422,
+            "invalid_url",
+        ),
+        (
+            11,
+            json!({"url": "https://example.com/", "colour": "red"}),
+            422,
+            "invalid_request",
+        ),
+        (
+            12,
+            json!({"url": "https://example.com/", "slug": "already-here"}),
+            409,
+            "slug_taken",
+        ),
+        (
+            13,
+            json!({"url": "https://example.com/", "slug": "api"}),
+            422,
+            "invalid_slug",
+        ),
+        (14, json!("not an object"), 422, "invalid_request"),
+    ];
+    for (i, item, _, _) in &failing {
+        items[*i] = item.clone();
+    }
+    let body = json!({ "links": items });
+    let started = std::time::Instant::now();
+    let r = bulk(&p.base, &alice, &body, Some("bulk-1")).await;
+    let took = started.elapsed();
+    assert_eq!(r.status(), StatusCode::OK);
+    let out: Value = r.json().await.unwrap();
+    eprintln!("bulk create of 1,000 links: {} ms", took.as_millis());
+    assert_eq!(
+        (
+            out["created"].as_u64(),
+            out["replayed"].as_u64(),
+            out["failed"].as_u64()
+        ),
+        (Some(995), Some(0), Some(5)),
+        "{}",
+        out["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["status"] != 201)
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let results = out["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1000);
+    let mut slugs = Vec::new();
+    for (i, res) in results.iter().enumerate() {
+        assert_eq!(res["index"], i);
+        if let Some((_, _, status, code)) = failing.iter().find(|f| f.0 == i) {
+            assert_eq!(res["status"], *status, "{res}");
+            assert_eq!(res["error"]["code"], *code, "{res}");
+            continue;
+        }
+        assert_eq!(res["status"], 201, "{res}");
+        let link = &res["link"];
+        let want_url = items[i]["url"].as_str().unwrap();
+        assert_eq!(link["url"], want_url);
+        if i % 4 == 0 {
+            assert_eq!(link["slug"], format!("bulk-{i}"));
+        } else {
+            assert_eq!(link["redirect_code"], 301);
+        }
+        slugs.push((
+            link["slug"].as_str().unwrap().to_string(),
+            want_url.to_string(),
+        ));
+    }
+    let distinct: HashSet<&String> = slugs.iter().map(|(s, _)| s).collect();
+    assert_eq!(distinct.len(), 995);
+    for (slug, url) in slugs.iter().step_by(97) {
+        let r = get(&p.url(&format!("/{slug}"))).await;
+        assert!(r.status().is_redirection(), "{slug}");
+        assert_eq!(location(&r).as_deref(), Some(url.as_str()));
+    }
+
+    // The same request again: every link comes back as it was made, nothing new; the
+    // failures fail the same way.
+    let again: Value = bulk(&p.base, &alice, &body, Some("bulk-1"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            again["created"].as_u64(),
+            again["replayed"].as_u64(),
+            again["failed"].as_u64()
+        ),
+        (Some(0), Some(995), Some(5))
+    );
+    let again_slugs: Vec<String> = again["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["status"] == 201)
+        .map(|r| r["link"]["slug"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        again_slugs,
+        slugs.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>()
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_past_the_keys_write_limit_get_429_each_and_bad_requests_are_refused_whole() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let p = spawn_primary(&infra, &ks, &["--limit-writes-per-key", "1/m:5"], None).await;
+    let alice = create_key(&p.state, "alice", false).await;
+    let items: Vec<Value> = (0..8)
+        .map(|i| json!({"url": format!("https://example.com/{i}")}))
+        .collect();
+    let out: Value = bulk(&p.base, &alice, &json!({ "links": items }), None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let statuses: Vec<u64> = out["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [201, 201, 201, 201, 201, 429, 429, 429]);
+    assert_eq!(out["results"][7]["error"]["code"], "rate_limited");
+    // The bucket is empty: the next request is refused whole.
+    let r = bulk(
+        &p.base,
+        &alice,
+        &json!({"links": [{"url": "https://example.com/"}]}),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().contains_key("retry-after"));
+
+    let admin = create_key(&p.state, "ops", true).await;
+    let too_many: Vec<Value> = (0..1001)
+        .map(|_| json!({"url": "https://example.com/"}))
+        .collect();
+    for (body, status) in [
+        (json!({"links": []}), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            json!({ "links": too_many }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (json!({"items": []}), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            json!([{"url": "https://example.com/"}]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ] {
+        let r = bulk(&p.base, &admin, &body, None).await;
+        assert_eq!(r.status(), status, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert!(e["error"]["code"].is_string(), "{e}");
+    }
+    let r = client()
+        .post(format!("{}/api/v1/links/bulk", p.base))
+        .bearer_auth(&admin)
+        .header("content-type", "application/json")
+        .body("{\"links\": [")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = client()
+        .post(format!("{}/api/v1/links/bulk", p.base))
+        .json(&json!({"links": [{"url": "https://example.com/"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client()
+        .get(format!("{}/api/v1/links/bulk", p.base))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // Nothing from the refused requests was stored: admin made no links.
+    let listed: Value = client()
+        .get(format!("{}/api/v1/links", p.base))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["links"].as_array().unwrap().len(), 0);
+    p.stop().await;
+}
