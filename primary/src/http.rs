@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError, Resp};
-use crate::{api, bulk, keys, listing, redirect, stats};
+use crate::{api, bulk, keys, listing, qr, redirect, stats};
 use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
@@ -31,6 +31,7 @@ pub enum Route<'a> {
     Keys,
     Key(&'a str),
     LinkStats(&'a str),
+    LinkQr(&'a str),
     Redirect(&'a str),
     Info(&'a str),
     ApiNotFound,
@@ -59,6 +60,11 @@ impl<'a> Route<'a> {
                     if let Some(slug) = rest.strip_suffix("/stats") {
                         if !slug.contains('/') {
                             return Route::LinkStats(slug);
+                        }
+                    }
+                    if let Some(slug) = rest.strip_suffix("/qr") {
+                        if !slug.contains('/') {
+                            return Route::LinkQr(slug);
                         }
                     }
                 }
@@ -90,6 +96,7 @@ impl<'a> Route<'a> {
             Route::Keys => "keys",
             Route::Key(_) => "key",
             Route::LinkStats(_) => "link_stats",
+            Route::LinkQr(_) => "link_qr",
             Route::Redirect(_) => "redirect",
             Route::Info(_) => "info",
             Route::ApiNotFound | Route::NotFound => "not_found",
@@ -113,7 +120,9 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let label = route.label();
     let (redirect, slug) = match route {
         Route::Redirect(s) => (true, Some(s.to_owned())),
-        Route::Info(s) | Route::Link(s) | Route::LinkStats(s) => (false, Some(s.to_owned())),
+        Route::Info(s) | Route::Link(s) | Route::LinkStats(s) | Route::LinkQr(s) => {
+            (false, Some(s.to_owned()))
+        }
         _ => (false, None),
     };
     let trusted = state.settings.trusted_proxies.contains(Peer::ip_of(&req));
@@ -168,6 +177,8 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::Key(_), _) => Err(ApiError::MethodNotAllowed("DELETE")),
         (Route::LinkStats(slug), &Method::GET) => stats::api(&state, &req, slug).await,
         (Route::LinkStats(_), _) => Err(ApiError::MethodNotAllowed("GET")),
+        (Route::LinkQr(slug), &Method::GET) => qr::get(&state, &req, slug).await,
+        (Route::LinkQr(_), _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, &req, slug).await,
         (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Redirect(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
@@ -303,6 +314,8 @@ mod tests {
             ("/api/v1/links/bulk", LinksBulk),
             ("/api/v1/links/abc", Link("abc")),
             ("/api/v1/links/abc/stats", LinkStats("abc")),
+            ("/api/v1/links/abc/qr", LinkQr("abc")),
+            ("/api/v1/links/a/b/qr", ApiNotFound),
             ("/api/v1/keys", Keys),
             ("/api/v1/keys/0123456789abcdef", Key("0123456789abcdef")),
             ("/api/v1/keys/a/b", ApiNotFound),

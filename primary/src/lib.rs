@@ -7,6 +7,7 @@
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
+//! - [`qr`]: `GET /api/v1/links/{slug}/qr`, the short URL as a QR code (SVG or PNG).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
@@ -41,6 +42,7 @@ pub mod listing;
 pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod policy;
+pub mod qr;
 pub mod redirect;
 pub mod relay;
 pub mod stats;

@@ -15,6 +15,7 @@ mod bulk;
 mod cache;
 mod input;
 mod listing;
+mod qr;
 
 async fn get(url: &str) -> reqwest::Response {
     client().get(url).send().await.expect("request")
