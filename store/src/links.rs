@@ -123,7 +123,12 @@ pub struct Links {
     index_months: PreparedStatement,
     index_first: PreparedStatement,
     index_after: PreparedStatement,
+    /// (owner, month)s this process wrote to `owner_months`: written once, not per link.
+    months_written: std::sync::Mutex<std::collections::HashSet<(String, i32)>>,
 }
+
+/// Entries of [`Links`]'s memo of `owner_months` rows written, before it starts over.
+const MONTHS_MEMO: usize = 100_000;
 
 /// A link's place in its owner's list: newest first, ties by slug (descending).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -213,6 +218,7 @@ impl Links {
                     false,
                 )
                 .await?,
+            months_written: Default::default(),
             index_after: db
                 .prepare(
                     "SELECT created_at, slug FROM links_by_owner \
@@ -231,9 +237,19 @@ impl Links {
     /// the entry whose time is the link's.
     pub async fn index(&self, link: &Link) -> Result<(), StoreError> {
         let month = month_of_ms(link.created_at_ms);
-        self.db
-            .exec(&self.index_month_add, (&link.owner, month))
-            .await?;
+        let key = (link.owner.clone(), month);
+        let known = self.months_written.lock().is_ok_and(|m| m.contains(&key));
+        if !known {
+            self.db
+                .exec(&self.index_month_add, (&link.owner, month))
+                .await?;
+            if let Ok(mut m) = self.months_written.lock() {
+                if m.len() >= MONTHS_MEMO {
+                    m.clear();
+                }
+                m.insert(key);
+            }
+        }
         self.db
             .exec(
                 &self.index_add,
