@@ -310,6 +310,11 @@ impl Links {
         Self::link_of(first(self.db.read(&self.get, (slug,)).await?)?)
     }
 
+    /// An API read (the list's): within the statement budget, not the redirect's read budget.
+    pub async fn get_for_api(&self, slug: &str) -> Result<Option<Link>, StoreError> {
+        Self::link_of(first(self.db.exec(&self.get, (slug,)).await?)?)
+    }
+
     /// A linearizable read: sees the outcome of every LWT that completed before it.
     pub async fn get_serial(&self, slug: &str) -> Result<Option<Link>, StoreError> {
         Self::link_of(first(self.db.exec(&self.get_serial, (slug,)).await?)?)
