@@ -39,7 +39,28 @@ pub(crate) struct Created {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PatchRequest {
-    status: String,
+    status: Option<String>,
+    url: Option<String>,
+    /// Absent: unchanged; `null`: no expiry; a timestamp: the new expiry.
+    #[serde(default, deserialize_with = "present")]
+    expires_at: Option<Option<String>>,
+}
+
+/// A field that is present, `null` included (so `null` and absent differ).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// One change of a link: a new version.
+enum Change {
+    Status(LinkStatus, Option<DisabledBy>),
+    /// A new destination and/or expiry (the status stays).
+    Target {
+        url: String,
+        expires_at_ms: Option<i64>,
+    },
 }
 
 /// The status a reader sees: a link past its expiry is EXPIRED whatever the row says, unless
@@ -353,14 +374,47 @@ pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result
     ))
 }
 
-/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`. An admin's disable
-/// is a takedown: it records the admin's key, and only an admin can re-enable the link. When
-/// this answers, memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
+/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`, or with a new
+/// `url` and/or `expires_at` (`null`: none). An admin's disable is a takedown: it records the
+/// admin's key, and only an admin can re-enable or retarget the link. When this answers,
+/// memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
 pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
     // Authenticate (and limit) before reading the body.
     let principal = writer(state, &req).await?;
     let body: PatchRequest = read_json(req, state.settings.max_body_bytes).await?;
-    let to = match body.status.parse::<LinkStatus>() {
+    let now = state.clock.now_ms();
+    match body {
+        PatchRequest {
+            status: Some(status),
+            url: None,
+            expires_at: None,
+        } => patch_status(state, principal, slug, &status, now).await,
+        PatchRequest {
+            status: None,
+            url,
+            expires_at,
+        } if url.is_some() || expires_at.is_some() => {
+            retarget(state, principal, slug, url, expires_at, now).await
+        }
+        PatchRequest { status: None, .. } => Err(ApiError::Invalid(
+            "invalid_request",
+            "nothing to change: give status, or url and/or expires_at".into(),
+        )),
+        PatchRequest { .. } => Err(ApiError::Invalid(
+            "invalid_request",
+            "change the status on its own, not with url or expires_at".into(),
+        )),
+    }
+}
+
+async fn patch_status(
+    state: &AppState,
+    principal: Principal,
+    slug: &str,
+    status: &str,
+    now: i64,
+) -> Result<Resp, ApiError> {
+    let to = match status.parse::<LinkStatus>() {
         Ok(LinkStatus::Expired) => {
             return Err(ApiError::Invalid(
                 "invalid_status",
@@ -383,7 +437,6 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
     };
     // A linearizable read, so the compare-and-set below starts from the latest version.
     let link = load_managed(state, &principal, slug, true).await?;
-    let now = state.clock.now_ms();
     let current = effective_status(link.status, link.expires_at_ms, now);
     if !current.can_become(to) {
         return Err(ApiError::Conflict(
@@ -407,7 +460,81 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
     } else {
         LinkEventKind::Enabled
     };
-    let updated = change(state, &principal, link, to, disabled_by, kind).await?;
+    let updated = change(
+        state,
+        &principal,
+        link,
+        Change::Status(to, disabled_by),
+        kind,
+    )
+    .await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &link_json(state, &updated, now),
+    ))
+}
+
+/// A new destination and/or expiry: a new version like any change, so memcached gets it at
+/// once, other primaries' local caches within `--local-cache-ttl-ms`, S3 through the outbox and
+/// the replicator (lastresort re-reads S3 pages it caches). Browsers keep what they cached: a
+/// 301/308 answer may stay in a browser for good.
+async fn retarget(
+    state: &AppState,
+    principal: Principal,
+    slug: &str,
+    url: Option<String>,
+    expires_at: Option<Option<String>>,
+    now: i64,
+) -> Result<Resp, ApiError> {
+    let url = match url {
+        Some(u) => {
+            let u = longurl::normalize(&u)
+                .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
+            state
+                .destinations
+                .check(&u)
+                .map_err(|e| ApiError::Invalid(e.code(), e.to_string()))?;
+            Some(u)
+        }
+        None => None,
+    };
+    let expires_at_ms = match &expires_at {
+        Some(e) => Some(parse_expiry(e.as_deref(), now)?),
+        None => None,
+    };
+    let link = load_managed(state, &principal, slug, true).await?;
+    let current = effective_status(link.status, link.expires_at_ms, now);
+    if !matches!(current, LinkStatus::Active | LinkStatus::Disabled) {
+        return Err(ApiError::Conflict(
+            "invalid_transition",
+            format!("a {current} link cannot be changed"),
+        ));
+    }
+    if link.disabled_by.as_ref().is_some_and(|d| d.admin) && !principal.admin {
+        return Err(ApiError::ForbiddenBecause(
+            "taken_down",
+            "an administrator disabled this link; only an administrator can change it".into(),
+        ));
+    }
+    let new_url = url.unwrap_or_else(|| link.url.clone());
+    let new_expiry = expires_at_ms.unwrap_or(link.expires_at_ms);
+    if new_url == link.url && new_expiry == link.expires_at_ms {
+        return Ok(json_response(StatusCode::OK, &link_json(state, &link, now)));
+    }
+    if let Some(exp) = new_expiry {
+        state.store.expiries.add(&link.slug, exp).await?;
+    }
+    let updated = change(
+        state,
+        &principal,
+        link,
+        Change::Target {
+            url: new_url,
+            expires_at_ms: new_expiry,
+        },
+        LinkEventKind::Updated,
+    )
+    .await?;
     Ok(json_response(
         StatusCode::OK,
         &link_json(state, &updated, now),
@@ -434,8 +561,7 @@ pub async fn delete(
         state,
         &principal,
         link,
-        LinkStatus::Deleted,
-        disabled_by,
+        Change::Status(LinkStatus::Deleted, disabled_by),
         LinkEventKind::Deleted,
     )
     .await?;
@@ -445,15 +571,15 @@ pub async fn delete(
     ))
 }
 
-/// Moves `link` (read with a SERIAL read) to `to` with a compare-and-set on its status and
-/// version: the outbox row first, then the change, then memcached and the event. When this
-/// returns, memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
+/// Applies `what` to `link` (read with a SERIAL read) as version + 1 with a compare-and-set on
+/// its status and version: the outbox row first, then the change, then memcached and the
+/// event. When this returns, memcached already holds the new state (see
+/// [`crate::cache::RedirectCache::changed`]).
 async fn change(
     state: &AppState,
     principal: &Principal,
     link: Link,
-    to: LinkStatus,
-    disabled_by: Option<DisabledBy>,
+    what: Change,
     kind: LinkEventKind,
 ) -> Result<Link, ApiError> {
     let now = state.clock.now_ms();
@@ -461,29 +587,43 @@ async fn change(
         let row = OutboxRow::new(&link.slug, now, link.version + 1);
         state.store.outbox.add(&row).await?;
     }
-    if !state
-        .store
-        .links
-        .transition(
-            &link.slug,
-            link.status,
-            link.version,
-            to,
-            disabled_by.as_ref(),
-        )
-        .await?
-    {
+    let links = &state.store.links;
+    let (applied, updated) = match what {
+        Change::Status(to, disabled_by) => (
+            links
+                .transition(
+                    &link.slug,
+                    link.status,
+                    link.version,
+                    to,
+                    disabled_by.as_ref(),
+                )
+                .await?,
+            Link {
+                status: to,
+                version: link.version + 1,
+                disabled_by,
+                ..link
+            },
+        ),
+        Change::Target { url, expires_at_ms } => (
+            links
+                .retarget(&link.slug, link.status, link.version, &url, expires_at_ms)
+                .await?,
+            Link {
+                url,
+                expires_at_ms,
+                version: link.version + 1,
+                ..link
+            },
+        ),
+    };
+    if !applied {
         return Err(ApiError::Conflict(
             "concurrent_update",
             "the link changed while this request was applied; read it and retry".into(),
         ));
     }
-    let updated = Link {
-        status: to,
-        version: link.version + 1,
-        disabled_by,
-        ..link
-    };
     state
         .cache
         .changed(&updated.slug, &crate::cache::CachedLink::from(&updated))
@@ -491,11 +631,12 @@ async fn change(
     state.events.link_changed(link_event(kind, &updated, now));
     tracing::info!(
         slug = %updated.slug,
-        status = %to,
+        status = %updated.status,
         version = updated.version,
+        kind = crate::events::kind_label(kind),
         by = %principal.key_id,
         admin = principal.admin,
-        "link status changed"
+        "link changed"
     );
     Ok(updated)
 }

@@ -34,6 +34,7 @@ pub fn kind_label(kind: LinkEventKind) -> &'static str {
         LinkEventKind::Enabled => "enabled",
         LinkEventKind::Expired => "expired",
         LinkEventKind::Deleted => "deleted",
+        LinkEventKind::Updated => "updated",
     }
 }
 

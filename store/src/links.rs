@@ -115,6 +115,7 @@ pub struct Links {
     get_serial: PreparedStatement,
     insert: PreparedStatement,
     update_status: PreparedStatement,
+    update_target: PreparedStatement,
     claim_idem: PreparedStatement,
     get_idem_serial: PreparedStatement,
     scan: PreparedStatement,
@@ -168,6 +169,14 @@ impl Links {
             update_status: db
                 .prepare(
                     "UPDATE links SET status = ?, version = ?, disabled_by = ? \
+                     WHERE slug = ? IF status = ? AND version = ?",
+                    false,
+                    false,
+                )
+                .await?,
+            update_target: db
+                .prepare(
+                    "UPDATE links SET url = ?, expires_at = ?, version = ? \
                      WHERE slug = ? IF status = ? AND version = ?",
                     false,
                     false,
@@ -357,6 +366,27 @@ impl Links {
             version,
         );
         applied(self.db.exec(&self.update_status, values).await?)
+    }
+
+    /// Gives the link at (`status`, `version`) a new destination and expiry as `version + 1`.
+    /// False if the link was not in exactly that state.
+    pub async fn retarget(
+        &self,
+        slug: &str,
+        status: LinkStatus,
+        version: i64,
+        url: &str,
+        expires_at_ms: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let values = (
+            url,
+            expires_at_ms.map(CqlTimestamp),
+            version + 1,
+            slug,
+            status.as_str(),
+            version,
+        );
+        applied(self.db.exec(&self.update_target, values).await?)
     }
 
     /// Claims an idempotency key for `slug`. On a lost claim returns the winner's (slug, fingerprint).

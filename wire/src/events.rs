@@ -20,6 +20,8 @@ pub enum LinkEventKind {
     Enabled,
     Expired,
     Deleted,
+    /// A new destination and/or expiry; the status is unchanged.
+    Updated,
 }
 
 /// The state of one link after a change. `version` increases by one with every change of the

@@ -506,6 +506,230 @@ async fn delete_is_final_idempotent_and_gives_410_on_every_instance() {
     b.stop().await;
 }
 
+async fn patch_json(base: &str, key: &str, slug: &str, body: Value) -> reqwest::Response {
+    client()
+        .patch(format!("{base}/api/v1/links/{slug}"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
+}
+
+/// PATCH with a new `url` and/or `expires_at`: a new version every instance serves (memcached
+/// at once, the other's local cache within its TTL); bad values change nothing; a deleted,
+/// expired or taken-down link is not retargeted by its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let clock = Arc::new(ManualClock::new(chrono::Utc::now().timestamp_millis()));
+    let a = spawn_primary(
+        &infra,
+        &ks,
+        &["--memcached", &infra.memcached],
+        Some(clock.clone()),
+    )
+    .await;
+    let b = spawn_primary(
+        &infra,
+        &ks,
+        &[
+            "--memcached",
+            &infra.memcached,
+            "--local-cache-ttl-ms",
+            "200",
+        ],
+        Some(clock.clone()),
+    )
+    .await;
+    let alice = create_key(&a.state, "alice", false).await;
+    let mallory = create_key(&a.state, "mallory", false).await;
+    let admin = create_key(&a.state, "ops", true).await;
+    let r = create(
+        &a.base,
+        &alice,
+        json!({"url": "https://example.com/old", "slug": "movable"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for inst in [&a, &b] {
+        let r = get(&inst.url("/movable")).await;
+        assert_eq!(location(&r).as_deref(), Some("https://example.com/old"));
+    }
+
+    let r = patch_json(
+        &a.base,
+        &alice,
+        "movable",
+        json!({"url": "https://example.com/new"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["url"].as_str(), body["version"].as_i64()),
+        (Some("https://example.com/new"), Some(2))
+    );
+    assert_eq!(
+        location(&get(&a.url("/movable")).await).as_deref(),
+        Some("https://example.com/new")
+    );
+    let b_url = b.url("/movable");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let u = b_url.clone();
+            async move { location(&get(&u).await).as_deref() == Some("https://example.com/new") }
+        })
+        .await,
+        "the other instance serves the new destination"
+    );
+
+    // An expiry, then none; the same values again change nothing.
+    let soon = chrono::DateTime::from_timestamp_millis(clock.now_ms() + 60_000)
+        .unwrap()
+        .to_rfc3339();
+    let body: Value = patch_json(&a.base, &alice, "movable", json!({"expires_at": soon}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["version"], 3);
+    assert!(body["expires_at"].is_string());
+    let body: Value = patch_json(&a.base, &alice, "movable", json!({"expires_at": null}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (body["version"].as_i64(), body["expires_at"].is_null()),
+        (Some(4), true)
+    );
+    let body: Value = patch_json(
+        &a.base,
+        &alice,
+        "movable",
+        json!({"url": "https://example.com/new"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(body["version"], 4, "nothing changed, no new version");
+    clock.advance_ms(120_000);
+    assert_eq!(
+        get(&a.url("/movable")).await.status(),
+        StatusCode::FOUND,
+        "the expiry was cleared"
+    );
+
+    // Bad values and bad requests change nothing.
+    for (who, bad, status) in [
+        (
+            &alice,
+            json!({"url": "javascript:alert(1)"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            &alice,
+            json!({"expires_at": "yesterday"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            &alice,
+            json!({"expires_at": "2001-01-01T00:00:00Z"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            &alice,
+            json!({"status": "DISABLED", "url": "https://example.com/x"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (&alice, json!({}), StatusCode::UNPROCESSABLE_ENTITY),
+        (
+            &alice,
+            json!({"slug": "other"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            &mallory,
+            json!({"url": "https://evil.example/"}),
+            StatusCode::FORBIDDEN,
+        ),
+    ] {
+        let r = patch_json(&a.base, who, "movable", bad.clone()).await;
+        assert_eq!(r.status(), status, "{bad}");
+    }
+    let body: Value = client()
+        .get(format!("{}/api/v1/links/movable", a.base))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (body["url"].as_str(), body["version"].as_i64()),
+        (Some("https://example.com/new"), Some(4))
+    );
+
+    // A takedown holds: the owner cannot point the link elsewhere; an admin can.
+    set_status(&a.base, &admin, "movable", "DISABLED").await;
+    let r = patch_json(
+        &a.base,
+        &alice,
+        "movable",
+        json!({"url": "https://example.com/sneaky"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = patch_json(
+        &a.base,
+        &admin,
+        "movable",
+        json!({"url": "https://example.com/clean"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // Deleted: final.
+    assert_eq!(
+        delete_link(&a.base, &admin, "movable").await.status(),
+        StatusCode::OK
+    );
+    let r = patch_json(
+        &a.base,
+        &admin,
+        "movable",
+        json!({"url": "https://example.com/again"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+
+    let kinds: Vec<_> = a
+        .events
+        .links
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.kind, e.version))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (LinkEventKind::Created, 1),
+            (LinkEventKind::Updated, 2),
+            (LinkEventKind::Updated, 3),
+            (LinkEventKind::Updated, 4),
+            (LinkEventKind::Disabled, 5),
+            (LinkEventKind::Updated, 6),
+            (LinkEventKind::Deleted, 7),
+        ]
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn expired_link_gives_410_and_cannot_be_changed() {
     let infra = Infra::from_env();

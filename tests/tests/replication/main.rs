@@ -144,6 +144,34 @@ async fn created_link_is_in_s3_as_the_specified_blob_disable_removes_it_enable_r
         .unwrap();
     assert_eq!(blob::parse(text.as_bytes()).unwrap().version, 3);
 
+    // A new destination and an expiry: version 4, re-rendered in S3.
+    let r_new = client()
+        .patch(format!("{}/api/v1/links/{slug}", p.base))
+        .bearer_auth(&key)
+        .json(&json!({"url": "https://example.org/moved", "expires_at": "2099-01-01T00:00:00Z"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r_new.status(), StatusCode::OK);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let url = url.clone();
+            async move {
+                let Ok(r) = client().get(&url).send().await else {
+                    return false;
+                };
+                let text = r.text().await.unwrap_or_default();
+                blob::parse(text.as_bytes()).is_ok_and(|b| {
+                    b.version == 4
+                        && b.url == "https://example.org/moved"
+                        && b.expires_at_ms == Some(4_070_908_800_000)
+                })
+            }
+        })
+        .await,
+        "the new destination and expiry reach S3"
+    );
+
     // Deleted: the page goes for good, a DELETED tombstone stays.
     let r_del = delete_link(&p.base, &key, &slug).await;
     assert_eq!(r_del.status(), StatusCode::OK);
@@ -156,7 +184,7 @@ async fn created_link_is_in_s3_as_the_specified_blob_disable_removes_it_enable_r
             .await
             .unwrap()
             .map(|t| (t.reason, t.version)),
-        Some((blob::GoneReason::Deleted, 4))
+        Some((blob::GoneReason::Deleted, 5))
     );
 
     assert!(r.metrics.create_to_s3_seconds.get_sample_count() >= 1);
