@@ -27,6 +27,24 @@ pub(crate) struct CreateRequest {
     slug: Option<String>,
     expires_at: Option<String>,
     redirect_code: Option<u16>,
+    alias: Option<String>,
+}
+
+/// Characters an alias may have at most.
+pub const MAX_ALIAS_CHARS: usize = 100;
+
+/// An alias as stored: trimmed, 1 to [`MAX_ALIAS_CHARS`] characters, no control characters
+/// (it is only ever shown escaped, like every string a user gave).
+pub(crate) fn validate_alias(raw: &str) -> Result<String, ApiError> {
+    let a = raw.trim();
+    let n = a.chars().count();
+    if n == 0 || n > MAX_ALIAS_CHARS || a.chars().any(char::is_control) {
+        return Err(ApiError::Invalid(
+            "invalid_alias",
+            format!("alias must be 1 to {MAX_ALIAS_CHARS} characters without control characters"),
+        ));
+    }
+    Ok(a.to_string())
 }
 
 /// What a create did: the link, and whether it was made by an earlier attempt of the same
@@ -44,6 +62,9 @@ struct PatchRequest {
     /// Absent: unchanged; `null`: no expiry; a timestamp: the new expiry.
     #[serde(default, deserialize_with = "present")]
     expires_at: Option<Option<String>>,
+    /// Absent: unchanged; `null`: none.
+    #[serde(default, deserialize_with = "present")]
+    alias: Option<Option<String>>,
 }
 
 /// A field that is present, `null` included (so `null` and absent differ).
@@ -91,6 +112,7 @@ pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::
         "version": l.version,
         // Whose disable this is: "admin" is a takedown, which only an admin can undo.
         "disabled_by": l.disabled_by.as_ref().map(|d| if d.admin { "admin" } else { "owner" }),
+        "alias": l.alias,
     })
 }
 
@@ -225,6 +247,7 @@ pub(crate) async fn create_link(
         slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
     }
     let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
+    let alias = body.alias.as_deref().map(validate_alias).transpose()?;
     let redirect_code = body.redirect_code.unwrap_or(state.settings.redirect_code);
     if !link::is_redirect_code(redirect_code) {
         return Err(ApiError::Invalid(
@@ -251,6 +274,7 @@ pub(crate) async fn create_link(
                 body.slug.as_deref().unwrap_or(""),
                 &expires_at_ms.map(|e| e.to_string()).unwrap_or_default(),
                 &redirect_code.to_string(),
+                alias.as_deref().unwrap_or(""),
             ]);
             if let Some((won_slug, won_fp)) = state
                 .store
@@ -282,6 +306,7 @@ pub(crate) async fn create_link(
         version: 1,
         idem: idem.clone(),
         disabled_by: None,
+        alias,
     };
     // Written before the change they announce (see `relay`): a crash after the insert leaves
     // the outbox row, so the event is published whatever happens next.
@@ -388,21 +413,56 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
             status: Some(status),
             url: None,
             expires_at: None,
+            alias: None,
         } => patch_status(state, principal, slug, &status, now).await,
         PatchRequest {
             status: None,
             url,
             expires_at,
-        } if url.is_some() || expires_at.is_some() => {
+            alias,
+        } if url.is_some() || expires_at.is_some() || alias.is_some() => {
+            let alias = match alias {
+                Some(Some(a)) => Some(Some(validate_alias(&a)?)),
+                other => other,
+            };
+            if let Some(alias) = alias {
+                let retargeting = url.is_some() || expires_at.is_some();
+                // Everything checked before the alias is written: a bad request changes nothing.
+                if retargeting {
+                    target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
+                }
+                let link = load_managed(state, &principal, slug, true).await?;
+                if retargeting {
+                    may_retarget(&link, &principal, now)?;
+                } else if link.status == LinkStatus::Deleted {
+                    return Err(ApiError::Conflict(
+                        "invalid_transition",
+                        "a DELETED link cannot be changed".into(),
+                    ));
+                }
+                state
+                    .store
+                    .links
+                    .set_alias(&link.slug, alias.as_deref())
+                    .await?;
+                tracing::info!(slug = %link.slug, by = %principal.key_id, "link alias changed");
+                if url.is_none() && expires_at.is_none() {
+                    let updated = Link { alias, ..link };
+                    return Ok(json_response(
+                        StatusCode::OK,
+                        &link_json(state, &updated, now),
+                    ));
+                }
+            }
             retarget(state, principal, slug, url, expires_at, now).await
         }
         PatchRequest { status: None, .. } => Err(ApiError::Invalid(
             "invalid_request",
-            "nothing to change: give status, or url and/or expires_at".into(),
+            "nothing to change: give status, or url, expires_at and/or alias".into(),
         )),
         PatchRequest { .. } => Err(ApiError::Invalid(
             "invalid_request",
-            "change the status on its own, not with url or expires_at".into(),
+            "change the status on its own, not with url, expires_at or alias".into(),
         )),
     }
 }
@@ -474,21 +534,20 @@ async fn patch_status(
     ))
 }
 
-/// A new destination and/or expiry: a new version like any change, so memcached gets it at
-/// once, other primaries' local caches within `--local-cache-ttl-ms`, S3 through the outbox and
-/// the replicator (lastresort re-reads S3 pages it caches). Browsers keep what they cached: a
-/// 301/308 answer may stay in a browser for good.
-async fn retarget(
+/// A retarget's new destination and expiry, each `None` when unchanged.
+type TargetValues = (Option<String>, Option<Option<i64>>);
+
+/// The new destination (normalised, within the destination policy) and expiry (in the
+/// future; `Some(None)`: none) a retarget asks for.
+fn target_values(
     state: &AppState,
-    principal: Principal,
-    slug: &str,
-    url: Option<String>,
-    expires_at: Option<Option<String>>,
+    url: Option<&str>,
+    expires_at: Option<&Option<String>>,
     now: i64,
-) -> Result<Resp, ApiError> {
+) -> Result<TargetValues, ApiError> {
     let url = match url {
         Some(u) => {
-            let u = longurl::normalize(&u)
+            let u = longurl::normalize(u)
                 .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
             state
                 .destinations
@@ -498,11 +557,16 @@ async fn retarget(
         }
         None => None,
     };
-    let expires_at_ms = match &expires_at {
+    let expires_at_ms = match expires_at {
         Some(e) => Some(parse_expiry(e.as_deref(), now)?),
         None => None,
     };
-    let link = load_managed(state, &principal, slug, true).await?;
+    Ok((url, expires_at_ms))
+}
+
+/// Only an ACTIVE or DISABLED link gets a new destination or expiry, and a taken-down one only
+/// from an admin.
+fn may_retarget(link: &Link, principal: &Principal, now: i64) -> Result<(), ApiError> {
     let current = effective_status(link.status, link.expires_at_ms, now);
     if !matches!(current, LinkStatus::Active | LinkStatus::Disabled) {
         return Err(ApiError::Conflict(
@@ -516,6 +580,24 @@ async fn retarget(
             "an administrator disabled this link; only an administrator can change it".into(),
         ));
     }
+    Ok(())
+}
+
+/// A new destination and/or expiry: a new version like any change, so memcached gets it at
+/// once, other primaries' local caches within `--local-cache-ttl-ms`, S3 through the outbox and
+/// the replicator (lastresort re-reads S3 pages it caches). Browsers keep what they cached: a
+/// 301/308 answer may stay in a browser for good.
+async fn retarget(
+    state: &AppState,
+    principal: Principal,
+    slug: &str,
+    url: Option<String>,
+    expires_at: Option<Option<String>>,
+    now: i64,
+) -> Result<Resp, ApiError> {
+    let (url, expires_at_ms) = target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
+    let link = load_managed(state, &principal, slug, true).await?;
+    may_retarget(&link, &principal, now)?;
     let new_url = url.unwrap_or_else(|| link.url.clone());
     let new_expiry = expires_at_ms.unwrap_or(link.expires_at_ms);
     if new_url == link.url && new_expiry == link.expires_at_ms {

@@ -1,4 +1,4 @@
-//! `GET /api/v1/links?limit=&cursor=&status=&owner=`: an owner's links, newest first, a page
+//! `GET /api/v1/links?limit=&cursor=&status=&owner=&q=`: an owner's links, newest first, a page
 //! at a time, from the owner index (`links_by_owner`, one partition per owner and month).
 //!
 //! The index is written before each link (see [`zlink_store::Links::index`]), so an entry may
@@ -7,7 +7,8 @@
 //! belongs to the owner and was created at the entry's time. A status filter is applied to
 //! those links, so a page may hold fewer than `limit` links while `next_cursor` is not null;
 //! one request examines at most [`MAX_EXAMINED`] entries. Deleted links are listed only with
-//! `status=DELETED`.
+//! `status=DELETED`. `q=` keeps links whose alias or slug contains it, in any case (a scan of
+//! the owner's list, bounded like any filter).
 
 use crate::api::{effective_status, link_json, writer};
 use crate::app::AppState;
@@ -34,6 +35,8 @@ pub struct ListQuery {
     pub after: Option<ListPosition>,
     pub status: Option<LinkStatus>,
     pub owner: Option<String>,
+    /// `q`: lowercased; a link matches if its alias or slug contains it (any case).
+    pub search: Option<String>,
 }
 
 /// The cursor: `<created ms>.<slug>` of the last link returned, base64url without padding, so
@@ -66,6 +69,7 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
         after: None,
         status: None,
         owner: None,
+        search: None,
     };
     let invalid = |code: &'static str, m: &str| ApiError::Invalid(code, m.to_string());
     let mut seen: HashSet<String> = HashSet::new();
@@ -95,6 +99,13 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
                     )
                 })?);
             }
+            "q" => {
+                let n = v.chars().count();
+                if n == 0 || n > crate::api::MAX_ALIAS_CHARS {
+                    return Err(invalid("invalid_query", "q must be 1 to 100 characters"));
+                }
+                q.search = Some(v.to_lowercase());
+            }
             "owner" => {
                 crate::auth::validate_owner(&v)
                     .map_err(|m| ApiError::Invalid("invalid_owner", m))?;
@@ -103,7 +114,7 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
             _ => {
                 return Err(invalid(
                     "invalid_query",
-                    "unknown query parameter; known: limit, cursor, status, owner",
+                    "unknown query parameter; known: limit, cursor, status, owner, q",
                 ))
             }
         }
@@ -163,7 +174,14 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
                     // Deleted links only when asked for.
                     None => status != LinkStatus::Deleted,
                 };
-                if !wanted {
+                let found = q.search.as_deref().is_none_or(|needle| {
+                    link.slug.to_lowercase().contains(needle)
+                        || link
+                            .alias
+                            .as_deref()
+                            .is_some_and(|a| a.to_lowercase().contains(needle))
+                });
+                if !wanted || !found {
                     continue;
                 }
                 out.push(link);
@@ -268,7 +286,8 @@ mod tests {
     fn queries_are_parsed_strictly() {
         let q = parse_query(None).unwrap();
         assert_eq!((q.limit, q.status, q.owner), (DEFAULT_LIMIT, None, None));
-        let q = parse_query(Some("limit=5&status=DISABLED&owner=team-a")).unwrap();
+        let q = parse_query(Some("limit=5&status=DISABLED&owner=team-a&q=Spring%20Sale")).unwrap();
+        assert_eq!(q.search.as_deref(), Some("spring sale"));
         assert_eq!(q.limit, 5);
         assert_eq!(q.status, Some(LinkStatus::Disabled));
         assert_eq!(q.owner.as_deref(), Some("team-a"));
@@ -281,6 +300,7 @@ mod tests {
             "sort=asc",
             "limit=1&limit=2",
             "owner=%00",
+            "q=",
         ] {
             let e = parse_query(Some(bad)).unwrap_err();
             assert!(matches!(e, ApiError::Invalid(..)), "{bad}: {e:?}");

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use zlink_wire::LinkStatus;
 
 const LINK_COLUMNS: &str =
-    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem, disabled_by";
+    "slug, url, owner, status, redirect_code, created_at, expires_at, version, idem, disabled_by, \
+     alias";
 
 /// One link as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub struct Link {
     pub idem: Option<String>,
     /// Who disabled the link (see [`DisabledBy`]); `None` while it is active.
     pub disabled_by: Option<DisabledBy>,
+    /// The owner's name for the link; not part of what a redirect answers.
+    pub alias: Option<String>,
 }
 
 /// Who disabled a link. An admin's disable is a takedown: only an admin can undo it.
@@ -68,6 +71,7 @@ struct LinkRow {
     version: i64,
     idem: Option<String>,
     disabled_by: Option<String>,
+    alias: Option<String>,
 }
 
 impl TryFrom<LinkRow> for Link {
@@ -102,6 +106,7 @@ impl TryFrom<LinkRow> for Link {
             version: r.version,
             idem: r.idem,
             disabled_by,
+            alias: r.alias,
         })
     }
 }
@@ -116,6 +121,7 @@ pub struct Links {
     insert: PreparedStatement,
     update_status: PreparedStatement,
     update_target: PreparedStatement,
+    update_alias: PreparedStatement,
     claim_idem: PreparedStatement,
     get_idem_serial: PreparedStatement,
     scan: PreparedStatement,
@@ -161,7 +167,7 @@ impl Links {
             get_serial: db.prepare(select, true, true).await?,
             insert: db
                 .prepare(
-                    format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
+                    format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
                     false,
                     false,
                 )
@@ -178,6 +184,13 @@ impl Links {
                 .prepare(
                     "UPDATE links SET url = ?, expires_at = ?, version = ? \
                      WHERE slug = ? IF status = ? AND version = ?",
+                    false,
+                    false,
+                )
+                .await?,
+            update_alias: db
+                .prepare(
+                    "UPDATE links SET alias = ? WHERE slug = ? IF EXISTS",
                     false,
                     false,
                 )
@@ -342,6 +355,7 @@ impl Links {
             link.version,
             &link.idem,
             link.disabled_by.as_ref().map(DisabledBy::to_column),
+            &link.alias,
         );
         applied(self.db.exec(&self.insert, values).await?)
     }
@@ -387,6 +401,11 @@ impl Links {
             version,
         );
         applied(self.db.exec(&self.update_target, values).await?)
+    }
+
+    /// Sets (or with `None` clears) a link's alias. Not a new version: no tier serves it.
+    pub async fn set_alias(&self, slug: &str, alias: Option<&str>) -> Result<bool, StoreError> {
+        applied(self.db.exec(&self.update_alias, (alias, slug)).await?)
     }
 
     /// Claims an idempotency key for `slug`. On a lost claim returns the winner's (slug, fingerprint).

@@ -16,6 +16,7 @@ const SCHEMA: &str = include_str!("../../deploy/cql/schema.cql");
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     ("links", "disabled_by", "text"),
     ("outbox", "traceparent", "text"),
+    ("links", "alias", "text"),
 ];
 
 /// Creates the keyspace if it is missing and applies every statement of the schema file.

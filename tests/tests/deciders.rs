@@ -82,7 +82,8 @@ fn link() -> impl Strategy<Value = Link> {
         prop_oneof![
             Just(LinkStatus::Active),
             Just(LinkStatus::Disabled),
-            Just(LinkStatus::Expired)
+            Just(LinkStatus::Expired),
+            Just(LinkStatus::Deleted)
         ],
         proptest::option::of(0i64..2_000),
         1i64..1_000,
@@ -103,6 +104,7 @@ fn link() -> impl Strategy<Value = Link> {
                     version,
                     idem: None,
                     disabled_by: None,
+                    alias: None,
                 })
             },
         )

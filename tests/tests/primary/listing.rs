@@ -52,7 +52,11 @@ async fn an_owner_lists_its_links_newest_first_across_months_page_by_page() {
         let r = create(
             &p.base,
             &alice,
-            json!({"url": format!("https://example.com/{i}"), "slug": format!("list-{i:02}")}),
+            json!({
+                "url": format!("https://example.com/{i}"),
+                "slug": format!("list-{i:02}"),
+                "alias": format!("{} campaign {i}", if i % 5 == 0 { "Spring" } else { "Autumn" }),
+            }),
         )
         .await;
         assert_eq!(r.status(), StatusCode::CREATED);
@@ -112,6 +116,7 @@ async fn an_owner_lists_its_links_newest_first_across_months_page_by_page() {
         version: 1,
         idem: None,
         disabled_by: None,
+        alias: None,
     };
     p.state.store.links.index(&ghost).await.unwrap();
     let r = create(
@@ -173,6 +178,22 @@ async fn an_owner_lists_its_links_newest_first_across_months_page_by_page() {
             .len(),
         made.len() - 2
     );
+
+    // Search: alias or slug, any case.
+    assert_eq!(
+        list_all(&p.base, &alice, "q=SPRING&limit=2").await,
+        vec!["list-25", "list-20", "list-15", "list-10", "list-05", "list-00"]
+    );
+    assert_eq!(
+        list_all(&p.base, &alice, "q=same-").await,
+        vec!["same-b", "same-a"]
+    );
+    assert_eq!(
+        list_all(&p.base, &alice, "q=spring&status=DISABLED").await,
+        Vec::<String>::new()
+    );
+    let (_, page) = list(&p.base, &alice, "q=campaign%2025").await;
+    assert_eq!(page["links"][0]["alias"], "Spring campaign 25");
 
     // Bob sees only his; he may not list Alice's; an admin may.
     assert_eq!(list_all(&p.base, &bob, "limit=100").await.len(), 10);

@@ -674,6 +674,51 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         (Some("https://example.com/new"), Some(4))
     );
 
+    // The alias: set, cleared, never a new version; a bad one (or a bad URL beside a good
+    // alias) changes nothing.
+    let body: Value = patch_json(
+        &a.base,
+        &alice,
+        "movable",
+        json!({"alias": "  Q4 <b>launch</b> "}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        (body["alias"].as_str(), body["version"].as_i64()),
+        (Some("Q4 <b>launch</b>"), Some(4))
+    );
+    for bad in [
+        json!({"alias": ""}),
+        json!({"alias": "x".repeat(101)}),
+        json!({"alias": "tab\there"}),
+        json!({"alias": "new", "url": "ftp://example.com/"}),
+    ] {
+        let r = patch_json(&a.base, &alice, "movable", bad.clone()).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
+    }
+    let body: Value = client()
+        .get(format!("{}/api/v1/links/movable", a.base))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        body["alias"], "Q4 <b>launch</b>",
+        "unchanged by the refused requests"
+    );
+    let body: Value = patch_json(&a.base, &alice, "movable", json!({"alias": null}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(body["alias"].is_null());
+
     // A takedown holds: the owner cannot point the link elsewhere; an admin can.
     set_status(&a.base, &admin, "movable", "DISABLED").await;
     let r = patch_json(
