@@ -549,19 +549,19 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     let r = create(
         &a.base,
         &alice,
-        json!({"url": "https://example.com/old", "slug": "movable"}),
+        json!({"url": "https://example.com/old", "slug": "move-me"}),
     )
     .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     for inst in [&a, &b] {
-        let r = get(&inst.url("/movable")).await;
+        let r = get(&inst.url("/move-me")).await;
         assert_eq!(location(&r).as_deref(), Some("https://example.com/old"));
     }
 
     let r = patch_json(
         &a.base,
         &alice,
-        "movable",
+        "move-me",
         json!({"url": "https://example.com/new"}),
     )
     .await;
@@ -572,10 +572,10 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         (Some("https://example.com/new"), Some(2))
     );
     assert_eq!(
-        location(&get(&a.url("/movable")).await).as_deref(),
+        location(&get(&a.url("/move-me")).await).as_deref(),
         Some("https://example.com/new")
     );
-    let b_url = b.url("/movable");
+    let b_url = b.url("/move-me");
     assert!(
         eventually(Duration::from_secs(5), || {
             let u = b_url.clone();
@@ -589,14 +589,14 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     let soon = chrono::DateTime::from_timestamp_millis(clock.now_ms() + 60_000)
         .unwrap()
         .to_rfc3339();
-    let body: Value = patch_json(&a.base, &alice, "movable", json!({"expires_at": soon}))
+    let body: Value = patch_json(&a.base, &alice, "move-me", json!({"expires_at": soon}))
         .await
         .json()
         .await
         .unwrap();
     assert_eq!(body["version"], 3);
     assert!(body["expires_at"].is_string());
-    let body: Value = patch_json(&a.base, &alice, "movable", json!({"expires_at": null}))
+    let body: Value = patch_json(&a.base, &alice, "move-me", json!({"expires_at": null}))
         .await
         .json()
         .await
@@ -608,7 +608,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     let body: Value = patch_json(
         &a.base,
         &alice,
-        "movable",
+        "move-me",
         json!({"url": "https://example.com/new"}),
     )
     .await
@@ -618,7 +618,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     assert_eq!(body["version"], 4, "nothing changed, no new version");
     clock.advance_ms(120_000);
     assert_eq!(
-        get(&a.url("/movable")).await.status(),
+        get(&a.url("/move-me")).await.status(),
         StatusCode::FOUND,
         "the expiry was cleared"
     );
@@ -657,7 +657,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
             StatusCode::FORBIDDEN,
         ),
     ] {
-        let r = patch_json(&a.base, who, "movable", bad.clone()).await;
+        let r = patch_json(&a.base, who, "move-me", bad.clone()).await;
         assert_eq!(r.status(), status, "{bad}");
     }
     let body: Value = client()
@@ -679,7 +679,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     let body: Value = patch_json(
         &a.base,
         &alice,
-        "movable",
+        "move-me",
         json!({"alias": "  Q4 <b>launch</b> "}),
     )
     .await
@@ -696,7 +696,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         json!({"alias": "tab\there"}),
         json!({"alias": "new", "url": "ftp://example.com/"}),
     ] {
-        let r = patch_json(&a.base, &alice, "movable", bad.clone()).await;
+        let r = patch_json(&a.base, &alice, "move-me", bad.clone()).await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
     }
     let body: Value = client()
@@ -712,7 +712,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         body["alias"], "Q4 <b>launch</b>",
         "unchanged by the refused requests"
     );
-    let body: Value = patch_json(&a.base, &alice, "movable", json!({"alias": null}))
+    let body: Value = patch_json(&a.base, &alice, "move-me", json!({"alias": null}))
         .await
         .json()
         .await
@@ -720,11 +720,11 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     assert!(body["alias"].is_null());
 
     // A takedown holds: the owner cannot point the link elsewhere; an admin can.
-    set_status(&a.base, &admin, "movable", "DISABLED").await;
+    set_status(&a.base, &admin, "move-me", "DISABLED").await;
     let r = patch_json(
         &a.base,
         &alice,
-        "movable",
+        "move-me",
         json!({"url": "https://example.com/sneaky"}),
     )
     .await;
@@ -732,20 +732,20 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
     let r = patch_json(
         &a.base,
         &admin,
-        "movable",
+        "move-me",
         json!({"url": "https://example.com/clean"}),
     )
     .await;
     assert_eq!(r.status(), StatusCode::OK);
     // Deleted: final.
     assert_eq!(
-        delete_link(&a.base, &admin, "movable").await.status(),
+        delete_link(&a.base, &admin, "move-me").await.status(),
         StatusCode::OK
     );
     let r = patch_json(
         &a.base,
         &admin,
-        "movable",
+        "move-me",
         json!({"url": "https://example.com/again"}),
     )
     .await;
