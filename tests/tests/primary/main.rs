@@ -661,7 +661,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         assert_eq!(r.status(), status, "{bad}");
     }
     let body: Value = client()
-        .get(format!("{}/api/v1/links/movable", a.base))
+        .get(format!("{}/api/v1/links/move-me", a.base))
         .bearer_auth(&alice)
         .send()
         .await
@@ -700,7 +700,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
     }
     let body: Value = client()
-        .get(format!("{}/api/v1/links/movable", a.base))
+        .get(format!("{}/api/v1/links/move-me", a.base))
         .bearer_auth(&alice)
         .send()
         .await
