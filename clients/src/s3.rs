@@ -315,10 +315,10 @@ impl S3Store {
             return KeyKind::Other;
         };
         if let Some(s) = rest.strip_prefix(blob::TOMBSTONE_DIR) {
-            if zlink_wire::slug::is_valid_slug(s) {
+            if zlink_wire::domain::is_valid_key(s) {
                 return KeyKind::Tombstone(s);
             }
-        } else if zlink_wire::slug::is_valid_slug(rest) {
+        } else if zlink_wire::domain::is_valid_key(rest) {
             return KeyKind::Blob(rest);
         }
         KeyKind::Other

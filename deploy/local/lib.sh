@@ -300,6 +300,7 @@ zl_primary_env() {
   export ZLINK_MEMCACHED="$(zl_addr memcached)"
   export ZLINK_KAFKA="127.0.0.1:$(zl_port kafka)"
   export ZLINK_RATE_LIMIT_EXEMPT="${ZLINK_RATE_LIMIT_EXEMPT:-$ZLINK_LOAD_GENERATOR}"
+  export ZLINK_SHORT_DOMAINS
 }
 # A random secret created on first use and kept in the run dir (mode 600). The slug key
 # must never change while links exist, so it lives with the data, not in the environment.
@@ -397,6 +398,7 @@ zl_render_nginx() {
         "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
+        "DEFAULT_HOSTS=$(zl_default_hosts_map)" \
         "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
         "${overrides[@]}" >&2 || return 1
       ;;
@@ -423,6 +425,14 @@ ZL_TIMEOUT_nginx=10
 # site port, base + 79): the frontend's nginx also listens on 127.0.1.1, the last-resort host's
 # on 127.0.2.1 (the users link's address in the network-namespace mode). `ctl dns frontend|lastresort` points the name at one of them (rung 4).
 ZLINK_DNS_NAME="${ZLINK_DNS_NAME:-go.zlink.test}"
+# The default domain's names (comma-separated) for both tiers and the last-resort host's nginx:
+# every other host name is a branded domain (wire::domain). IP literals and localhost always are.
+ZLINK_SHORT_DOMAINS="${ZLINK_SHORT_DOMAINS:-$ZLINK_DNS_NAME}"
+# The same names as lines of nginx/lastresort.conf's `map $host $zl_s3_dir`.
+zl_default_hosts_map() {
+  local d
+  for d in ${ZLINK_SHORT_DOMAINS//,/ }; do printf '        "%s" "";\n' "${d,,}"; done
+}
 ZLINK_DNS_TTL="${ZLINK_DNS_TTL:-5}"
 zl_site_addr() {
   case "$1" in
@@ -482,7 +492,7 @@ zl_start_lastresort() {
     # Only what a last-resort host would have: S3, its memcached, Kafka for click replay (may be
     # down), the shared IP-hash salt. Nothing of primary's.
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
-    export ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
+    export ZLINK_IP_HASH_SALT ZLINK_SHORT_DOMAINS RUST_LOG="${RUST_LOG:-info}"
     zl_spawn "$name" $(zl_site_exec) "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
       --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
       --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"

@@ -71,6 +71,10 @@ pub struct Args {
     /// Links per phase (each phase requests only its own, so its clicks can be counted).
     #[arg(long, default_value_t = 4)]
     pub links: usize,
+    /// A branded domain the drill registers (admin key) and puts the last link of every phase
+    /// on, requested with that `Host` on every rung. Empty: every link on the default domain.
+    #[arg(long, default_value = "brand.zlink.test")]
+    pub brand_domain: String,
     /// Redirects per second through the frontend.
     #[arg(long, default_value_t = 100)]
     pub rate: u32,

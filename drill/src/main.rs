@@ -110,13 +110,26 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(64)
         .build()?;
 
+    // A branded domain of the drill's: the last link of each phase is on it.
+    let brand = (!a.brand_domain.is_empty() && a.links >= 2).then(|| a.brand_domain.clone());
+    if let Some(d) = &brand {
+        let r = client
+            .post(format!("{base}/api/v1/domains"))
+            .bearer_auth(&a.admin_key)
+            .json(&serde_json::json!({ "domain": d }))
+            .send()
+            .await
+            .context("registering the drill's branded domain")?;
+        anyhow::ensure!(r.status().is_success(), "registering {d}: {}", r.status());
+    }
     // Each phase's own links, so their stats are exactly that phase's clicks.
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let mut links = Vec::new();
+    let mut links: Vec<(String, String, Option<String>)> = Vec::new();
     for p in 0..phases.len() {
         for i in 0..a.links {
             let slug = format!("drill-{}-{p}-{i}", &run[..10]);
             let url = format!("https://example.com/drill/{run}/{p}/{i}?q=a&r=b");
+            let domain = brand.clone().filter(|_| i == a.links - 1);
             // The topology may still be settling (a store reconnecting): retry a 5xx for a while.
             let since = Instant::now();
             loop {
@@ -125,7 +138,7 @@ async fn main() -> anyhow::Result<()> {
                     .bearer_auth(&a.admin_key)
                     // A retry of a create that did happen gets the same link, not a 409.
                     .header("idempotency-key", &slug)
-                    .json(&serde_json::json!({"url": url, "slug": slug}))
+                    .json(&serde_json::json!({"url": url, "slug": slug, "domain": domain}))
                     .send()
                     .await
                     .context("creating a drill link")?;
@@ -140,7 +153,7 @@ async fn main() -> anyhow::Result<()> {
                 );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            links.push((slug, url));
+            links.push((slug, url, domain));
         }
     }
     // Wait until S3 has them: rung 3 must be able to serve every one. (Read straight from the
@@ -151,8 +164,9 @@ async fn main() -> anyhow::Result<()> {
         links.len()
     );
     let s3_ready = Instant::now();
-    for (slug, _) in &links {
-        let blob = format!("{}{slug}", a.blob_url_prefix);
+    for (slug, _, domain) in &links {
+        let key = zlink_wire::domain::key(domain.as_deref(), slug);
+        let blob = format!("{}{key}", a.blob_url_prefix);
         while client
             .get(&blob)
             .send()
@@ -207,8 +221,8 @@ async fn main() -> anyhow::Result<()> {
                     (links.clone(), client.clone(), target, samples.clone());
                 inflight.spawn(async move {
                     let start_ms = t0.elapsed().as_millis() as u64;
-                    let (slug, url) = &links[k];
-                    let mut s = probe(&client, &base, slug, url).await;
+                    let (slug, url, domain) = &links[k];
+                    let mut s = probe(&client, &base, slug, url, domain.as_deref()).await;
                     s.phase = p;
                     s.link = k;
                     s.start_ms = start_ms;
@@ -354,9 +368,13 @@ async fn main() -> anyhow::Result<()> {
     let mut counted = vec![0i64; phases.len()];
     loop {
         counted.iter_mut().for_each(|c| *c = 0);
-        for (k, (slug, _)) in links.iter().enumerate() {
+        for (k, (slug, _, domain)) in links.iter().enumerate() {
+            let on = domain
+                .as_deref()
+                .map(|d| format!("?domain={d}"))
+                .unwrap_or_default();
             let got: serde_json::Value = client
-                .get(format!("{base}/api/v1/links/{slug}/stats"))
+                .get(format!("{base}/api/v1/links/{slug}/stats{on}"))
                 .bearer_auth(&a.admin_key)
                 .send()
                 .await?
@@ -412,6 +430,7 @@ async fn main() -> anyhow::Result<()> {
     let report = serde_json::json!({
         "at": chrono::Utc::now().to_rfc3339(),
         "frontend": base, "links_per_phase": per_phase, "rate": a.rate,
+        "brand_domain": brand,
         "phase_seconds": a.phase_seconds,
         "targets": {"added_p99_ms": targets.added_p99_ms, "max_ms": targets.max_ms,
                     "settle_ms": targets.settle_ms, "eps_ms": targets.eps_ms},

@@ -4,7 +4,14 @@
 use crate::*;
 
 /// Checks one answer: the right redirect (rungs 1, 2) or the right meta-refresh page (rung 3).
-pub(crate) async fn probe(client: &reqwest::Client, base: &str, slug: &str, url: &str) -> Sample {
+/// `host`: the branded domain the link is on (sent as `Host`); `None`: the default domain.
+pub(crate) async fn probe(
+    client: &reqwest::Client,
+    base: &str,
+    slug: &str,
+    url: &str,
+    host: Option<&str>,
+) -> Sample {
     let started = Instant::now();
     let mut s = Sample {
         phase: 0,
@@ -16,7 +23,11 @@ pub(crate) async fn probe(client: &reqwest::Client, base: &str, slug: &str, url:
         link: 0,
         click: None,
     };
-    let Ok(r) = client.get(format!("{base}/{slug}")).send().await else {
+    let mut req = client.get(format!("{base}/{slug}"));
+    if let Some(h) = host {
+        req = req.header(reqwest::header::HOST, h);
+    }
+    let Ok(r) = req.send().await else {
         s.micros = started.elapsed().as_micros() as u64;
         return s;
     };
@@ -75,7 +86,7 @@ async fn until_on_every_rung(
                 .is_ok_and(|r| r.status().as_u16() == 200);
         }
         if let (false, Some(h)) = (served, lastresort_host) {
-            served = probe(client, h, slug, url).await.outcome == Outcome::Right;
+            served = probe(client, h, slug, url, None).await.outcome == Outcome::Right;
         }
         if in_s3 && served {
             return Some(started.elapsed().as_secs_f64() * 1000.0);

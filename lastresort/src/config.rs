@@ -77,6 +77,12 @@ pub struct Config {
         default_value = "private, max-age=90"
     )]
     pub redirect_cache_control: String,
+    /// The default domain's host names (comma-separated; must equal primary's host of
+    /// --public-base-url plus its --short-domains). IP literals and `localhost` are always the
+    /// default domain; any other host name is a branded domain, whose links are read from
+    /// `<prefix><domain>/<slug>` (an unregistered one has none: 404).
+    #[arg(long, env = "ZLINK_SHORT_DOMAINS", value_delimiter = ',')]
+    pub short_domains: Vec<String>,
     /// The click log of this host's nginx (rung 3, nginx/lastresort.conf): tailed into the
     /// click spool, its position kept in the spool directory. Unset: not ingested.
     #[arg(long, env = "ZLINK_NGINX_CLICK_LOG")]
@@ -85,6 +91,9 @@ pub struct Config {
 
 impl Config {
     pub fn validate(&self) -> Result<(), String> {
+        for d in &self.short_domains {
+            zlink_wire::domain::normalize(d).map_err(|e| format!("--short-domains: {d:?}: {e}"))?;
+        }
         self.s3.validate()?;
         self.clicks.validate()?;
         self.trace.validate()?;

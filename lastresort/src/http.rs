@@ -20,6 +20,7 @@ use zlink_redirect::decide::Outcome;
 use zlink_redirect::error::{json, metrics_text};
 use zlink_redirect::pipeline::{self, Tier};
 use zlink_redirect::{Peer, Reject, Resp};
+use zlink_wire::domain::Hosts;
 
 pub struct State {
     pub lookup: Lookup,
@@ -34,6 +35,8 @@ pub struct State {
     pub trusted: clicks::TrustedProxies,
     /// Country and city of a click's client (`--geoip-db`).
     pub geo: Arc<zlink_clients::geo::Geo>,
+    /// The default domain's host names (`--short-domains`); other names are branded domains.
+    pub hosts: Hosts,
 }
 
 impl Tier for State {
@@ -48,20 +51,24 @@ impl Tier for State {
         &self.cache_control
     }
 
+    fn hosts(&self) -> &Hosts {
+        &self.hosts
+    }
+
     /// Fresh cache → memcached-lr → S3 (stale entries while S3 is down); with none of them,
     /// a fast 503 so the nginx in front moves to the next rung.
-    async fn lookup(&self, slug: &str) -> Result<(Outcome, &'static str), Reject> {
+    async fn lookup(&self, key: &str) -> Result<(Outcome, &'static str), Reject> {
         self.lookup
-            .resolve(slug)
+            .resolve(key)
             .await
             .map_err(|_| Reject::Unavailable)
     }
 
     /// In the spool before the answer leaves; the id lets a client or a drill trace its click.
-    fn click<B>(&self, req: &Request<B>, slug: &str, now_ms: i64) -> Option<uuid::Uuid> {
+    fn click<B>(&self, req: &Request<B>, key: &str, now_ms: i64) -> Option<uuid::Uuid> {
         let trace = trace::current();
         self.clicks.record(
-            slug,
+            key,
             now_ms,
             Peer::ip_of(req),
             req.headers(),
@@ -70,9 +77,9 @@ impl Tier for State {
         )
     }
 
-    fn done(&self, slug: &str, resp: &Resp, _: Duration) {
-        if resp.status().is_redirection() {
-            self.metrics.redirected(slug);
+    fn done(&self, key: Option<&str>, resp: &Resp, _: Duration) {
+        if let (Some(key), true) = (key, resp.status().is_redirection()) {
+            self.metrics.redirected(key);
         }
     }
 }

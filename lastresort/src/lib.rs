@@ -107,6 +107,7 @@ pub fn state(
         cache_control: ::http::HeaderValue::from_str(&cfg.redirect_cache_control)
             .map_err(|e| e.to_string())?,
         ready: false.into(),
+        hosts: zlink_wire::domain::Hosts::new(cfg.short_domains.iter().map(String::as_str)),
     }))
 }
 

@@ -61,7 +61,7 @@ pub fn parse_line(
         return Err("id");
     }
     let id = Uuid::parse_str(&l.id).map_err(|_| "id")?;
-    if !zlink_wire::slug::is_valid_slug(&l.slug) {
+    if !zlink_wire::domain::is_valid_key(&l.slug) {
         return Err("slug");
     }
     let at_ms = clicks::msec_to_ms(&l.msec).ok_or("time")?;

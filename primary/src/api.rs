@@ -20,11 +20,13 @@ use zlink_wire::{link, longurl, slug, LinkStatus};
 const MAX_EXPIRY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// The body of a create, and each item of a bulk create.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateRequest {
     url: String,
     slug: Option<String>,
+    /// A registered, active branded domain of the caller's; absent: the default domain.
+    domain: Option<String>,
     expires_at: Option<String>,
     redirect_code: Option<u16>,
     alias: Option<String>,
@@ -54,9 +56,10 @@ pub(crate) struct Created {
     pub replayed: bool,
 }
 
-#[derive(Deserialize)]
+/// The body of a PATCH: `status` alone, or any of `url`, `expires_at` and `alias`.
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PatchRequest {
+pub(crate) struct PatchRequest {
     status: Option<String>,
     url: Option<String>,
     /// Absent: unchanged; `null`: no expiry; a timestamp: the new expiry.
@@ -100,9 +103,12 @@ pub(crate) fn rfc3339(ms: i64) -> String {
 }
 
 pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
+    let (domain, slug) = zlink_wire::domain::split(&l.slug);
     serde_json::json!({
-        "slug": l.slug,
-        "short_url": format!("{}/{}", state.settings.public_base_url, l.slug),
+        "slug": slug,
+        // null: the default domain.
+        "domain": domain,
+        "short_url": state.short_url(&l.slug),
         "url": l.url,
         "status": effective_status(l.status, l.expires_at_ms, now_ms),
         "created_at": rfc3339(l.created_at_ms),
@@ -211,6 +217,12 @@ fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError>
 }
 
 /// `POST /api/v1/links`
+#[utoipa::path(operation_id = "create_link", post, path = "/api/v1/links", tag = "links",
+    request_body = crate::api::CreateRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Retries with the same key return the same link")),
+    responses((status = 201, body = crate::openapi::LinkView), (status = 200, description = "Idempotent replay", body = crate::openapi::LinkView),
+        (status = 409, body = crate::openapi::Error), (status = 422, body = crate::openapi::Error), (status = 429, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;
     let idem_key = idempotency_key(req.headers())?;
@@ -246,6 +258,8 @@ pub(crate) async fn create_link(
     if let Some(s) = &body.slug {
         slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
     }
+    let domain = crate::domains::for_create(state, principal, body.domain.as_deref()).await?;
+    not_to_a_branded_domain(state, &url).await?;
     let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
     let alias = body.alias.as_deref().map(validate_alias).transpose()?;
     let redirect_code = body.redirect_code.unwrap_or(state.settings.redirect_code);
@@ -256,14 +270,16 @@ pub(crate) async fn create_link(
         ));
     }
 
+    // The link key: the slug, on a branded domain `<domain>/<slug>`.
     let mut slug = match &body.slug {
-        Some(s) => s.clone(),
+        Some(s) => zlink_wire::domain::key(domain.as_deref(), s),
         None => {
             let id = state.ids.next_id().await?;
-            state
+            let auto = state
                 .codec
                 .encode(id)
-                .map_err(|e| ApiError::Internal(e.to_string()))?
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            zlink_wire::domain::key(domain.as_deref(), &auto)
         }
     };
     // Every retry with the same key converges on the slug the first attempt claimed.
@@ -272,6 +288,7 @@ pub(crate) async fn create_link(
             let fingerprint = sha256_hex(&[
                 &url,
                 body.slug.as_deref().unwrap_or(""),
+                domain.as_deref().unwrap_or(""),
                 &expires_at_ms.map(|e| e.to_string()).unwrap_or_default(),
                 &redirect_code.to_string(),
                 alias.as_deref().unwrap_or(""),
@@ -374,7 +391,7 @@ pub(crate) async fn load_managed(
     slug: &str,
     serial: bool,
 ) -> Result<Link, ApiError> {
-    if !slug::is_valid_slug(slug) {
+    if !zlink_wire::domain::is_valid_key(slug) {
         return Err(ApiError::NotFound);
     }
     let link = if serial {
@@ -390,6 +407,10 @@ pub(crate) async fn load_managed(
 }
 
 /// `GET /api/v1/links/{slug}`
+#[utoipa::path(operation_id = "get_link", get, path = "/api/v1/links/{slug}", tag = "links",
+    params(("slug" = String, Path), ("domain" = Option<String>, Query, description = "The link's branded domain")),
+    responses((status = 200, body = crate::openapi::LinkView), (status = 404, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(&req).await?;
     let link = load_managed(state, &principal, slug, false).await?;
@@ -403,6 +424,11 @@ pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result
 /// `url` and/or `expires_at` (`null`: none). An admin's disable is a takedown: it records the
 /// admin's key, and only an admin can re-enable or retarget the link. When this answers,
 /// memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
+#[utoipa::path(operation_id = "patch_link", patch, path = "/api/v1/links/{slug}", tag = "links",
+    request_body = crate::api::PatchRequest,
+    params(("slug" = String, Path), ("domain" = Option<String>, Query)),
+    responses((status = 200, body = crate::openapi::LinkView), (status = 409, body = crate::openapi::Error), (status = 422, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
     // Authenticate (and limit) before reading the body.
     let principal = writer(state, &req).await?;
@@ -429,7 +455,10 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
                 let retargeting = url.is_some() || expires_at.is_some();
                 // Everything checked before the alias is written: a bad request changes nothing.
                 if retargeting {
-                    target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
+                    let (u, _) = target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
+                    if let Some(u) = &u {
+                        not_to_a_branded_domain(state, u).await?;
+                    }
                 }
                 let link = load_managed(state, &principal, slug, true).await?;
                 if retargeting {
@@ -534,6 +563,23 @@ async fn patch_status(
     ))
 }
 
+/// Refuses a destination on a registered branded domain (a link to a link, like the service's
+/// own short domains, which [`crate::policy`] refuses).
+async fn not_to_a_branded_domain(state: &AppState, normalized: &str) -> Result<(), ApiError> {
+    let host = url::Url::parse(normalized)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_ascii_lowercase));
+    match host {
+        Some(h) if crate::domains::is_branded(state, &h).await? => Err(ApiError::Invalid(
+            "destination_own_domain",
+            format!(
+                "destination host {h:?} is one of this service's short domains (a link to a link)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// A retarget's new destination and expiry, each `None` when unchanged.
 type TargetValues = (Option<String>, Option<Option<i64>>);
 
@@ -596,6 +642,9 @@ async fn retarget(
     now: i64,
 ) -> Result<Resp, ApiError> {
     let (url, expires_at_ms) = target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
+    if let Some(u) = &url {
+        not_to_a_branded_domain(state, u).await?;
+    }
     let link = load_managed(state, &principal, slug, true).await?;
     may_retarget(&link, &principal, now)?;
     let new_url = url.unwrap_or_else(|| link.url.clone());
@@ -626,6 +675,10 @@ async fn retarget(
 /// `DELETE /api/v1/links/{slug}` (owner or admin): the link becomes DELETED for good, from any
 /// state (a takedown included): 410 on every rung, the replicator replaces its page with a
 /// DELETED tombstone, the slug stays taken. Deleting a deleted link answers the same 200.
+#[utoipa::path(operation_id = "delete_link", delete, path = "/api/v1/links/{slug}", tag = "links",
+    params(("slug" = String, Path), ("domain" = Option<String>, Query)),
+    responses((status = 200, body = crate::openapi::LinkView), (status = 404, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn delete(
     state: &AppState,
     req: Request<Incoming>,

@@ -25,6 +25,13 @@ pub use zlink_redirect::Peer;
 /// Request-time settings derived from the validated config.
 pub struct Settings {
     pub public_base_url: String,
+    /// The default domain's host names (the host of --public-base-url, --short-domains):
+    /// every other host name is a branded domain.
+    pub hosts: zlink_wire::domain::Hosts,
+    /// `http` or `https`: the scheme of short URLs on branded domains.
+    pub short_scheme: &'static str,
+    /// Branded domains an owner's registration activates at once (and their subdomains).
+    pub branded_allowed: Vec<String>,
     pub redirect_code: u16,
     pub cache_control: HeaderValue,
     pub max_body_bytes: usize,
@@ -51,6 +58,9 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     /// Click aggregates, prepared on first use (only the stats routes need them).
     pub clicks: tokio::sync::OnceCell<Arc<ClickStore>>,
+    /// Branded domain registrations (or their absence) by name, kept two seconds: creates on a
+    /// domain and the destination check read them.
+    pub domain_cache: moka::future::Cache<String, Option<zlink_store::domains::Domain>>,
     /// (total, humans) per slug for the public info page, kept a few seconds.
     pub info_totals: moka::future::Cache<String, (i64, i64)>,
     /// Which destinations links may have.
@@ -120,8 +130,27 @@ impl AppState {
             store.clone(),
             metrics.clone(),
         );
+        let base_host = url::Url::parse(&cfg.public_base_url)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string));
         let settings = Settings {
             public_base_url: cfg.public_base_url.clone(),
+            hosts: zlink_wire::domain::Hosts::new(
+                base_host
+                    .iter()
+                    .chain(&cfg.short_domains)
+                    .map(String::as_str),
+            ),
+            short_scheme: if cfg.public_base_url.starts_with("https://") {
+                "https"
+            } else {
+                "http"
+            },
+            branded_allowed: cfg
+                .branded_domains_allowed
+                .iter()
+                .filter_map(|d| zlink_wire::domain::normalize(d).ok())
+                .collect(),
             redirect_code: cfg.redirect_code,
             cache_control: HeaderValue::from_str(&cfg.redirect_cache_control)
                 .map_err(|e| e.to_string())?,
@@ -136,9 +165,7 @@ impl AppState {
                 Some(metrics.clicks.geoip_loads.clone()),
             ),
         };
-        let own = url::Url::parse(&cfg.public_base_url)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_string))
+        let own = base_host
             .into_iter()
             .chain(cfg.short_domains.iter().cloned())
             .collect();
@@ -169,6 +196,10 @@ impl AppState {
             metrics,
             clock,
             clicks: tokio::sync::OnceCell::new(),
+            domain_cache: moka::future::Cache::builder()
+                .max_capacity(10_000)
+                .time_to_live(Duration::from_secs(2))
+                .build(),
             info_totals: moka::future::Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(5))
@@ -178,6 +209,15 @@ impl AppState {
 }
 
 impl AppState {
+    /// The short URL of a link key: on the default domain under --public-base-url, on a
+    /// branded one `<scheme>://<domain>/<slug>`.
+    pub fn short_url(&self, key: &str) -> String {
+        match zlink_wire::domain::split(key) {
+            (None, slug) => format!("{}/{slug}", self.settings.public_base_url),
+            (Some(d), slug) => format!("{}://{d}/{slug}", self.settings.short_scheme),
+        }
+    }
+
     /// The client's address: X-Forwarded-For of a trusted proxy, else the TCP peer.
     pub fn client_ip<B>(&self, req: &Request<B>) -> IpAddr {
         self.settings

@@ -21,14 +21,20 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 /// Items created at once (each is a few store writes, two of them compare-and-sets).
 const CONCURRENCY: usize = 32;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BulkRequest {
+pub(crate) struct BulkRequest {
+    /// 1 to 1,000 items, each a create's body.
+    #[schema(value_type = Vec<crate::api::CreateRequest>)]
     links: Vec<serde_json::Value>,
 }
 
 /// `POST /api/v1/links/bulk`. The per-address write limit admits the request; the key's write
 /// limit admits as many items as its bucket holds (the rest answer 429 each).
+#[utoipa::path(operation_id = "bulk_create", post, path = "/api/v1/links/bulk", tag = "links",
+    request_body = crate::bulk::BulkRequest,
+    responses((status = 200, body = crate::openapi::BulkResult), (status = 422, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     state.admit_ip(Limit::WritesPerIp, state.client_ip(&req))?;
     let principal = state.principal(&req).await?;

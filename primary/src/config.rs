@@ -66,9 +66,16 @@ pub struct ServeConfig {
     )]
     pub public_base_url: String,
     /// Further short domains this service answers on (comma-separated); no link may lead to
-    /// one of them or the host of --public-base-url, or their subdomains (loops).
+    /// one of them or the host of --public-base-url, or their subdomains (loops). With the
+    /// host of --public-base-url, IP literals and `localhost`, they are the default domain's
+    /// names: any other Host is a branded domain (its links only; unregistered: 404).
     #[arg(long, env = "ZLINK_SHORT_DOMAINS", value_delimiter = ',')]
     pub short_domains: Vec<String>,
+    /// Branded domains an owner's registration activates at once (comma-separated; a name also
+    /// covers its subdomains). Any other registration waits for an admin's approval
+    /// (`POST /api/v1/domains/{domain}/approve`); an admin's own registration is active at once.
+    #[arg(long, env = "ZLINK_BRANDED_DOMAINS_ALLOWED", value_delimiter = ',')]
+    pub branded_domains_allowed: Vec<String>,
     /// Hosts no link may lead to, one per line (`#` comments; a name also covers its
     /// subdomains). Re-read when it changes.
     #[arg(long, env = "ZLINK_DENY_HOSTS_FILE")]
@@ -222,6 +229,14 @@ impl ServeConfig {
             return Err(
                 "--public-base-url must be http(s)://host[:port] without a trailing slash".into(),
             );
+        }
+        for d in self
+            .short_domains
+            .iter()
+            .chain(&self.branded_domains_allowed)
+        {
+            zlink_wire::domain::normalize(d)
+                .map_err(|e| format!("--short-domains / --branded-domains-allowed: {d:?}: {e}"))?;
         }
         if !zlink_wire::link::is_redirect_code(self.redirect_code) {
             return Err("--redirect-code must be one of 301, 302, 307, 308".into());

@@ -202,7 +202,7 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
     if ev.schema != CLICK_EVENT_SCHEMA {
         return Err("schema");
     }
-    if !zlink_wire::slug::is_valid_slug(&ev.slug) {
+    if !zlink_wire::domain::is_valid_key(&ev.slug) {
         return Err("slug");
     }
     if ev.at_ms < EARLIEST_MS || ev.at_ms > now_ms + 86_400_000 {

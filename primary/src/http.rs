@@ -2,7 +2,7 @@
 
 use crate::app::AppState;
 use crate::error::{json_response, ApiError, Resp};
-use crate::{api, bulk, keys, listing, qr, redirect, stats};
+use crate::{api, bulk, domains, keys, listing, qr, redirect, stats};
 use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
@@ -25,11 +25,14 @@ pub enum Route<'a> {
     Healthz,
     Readyz,
     Metrics,
+    OpenApi,
     Links,
     LinksBulk,
     Link(&'a str),
     Keys,
     Key(&'a str),
+    Domains,
+    DomainApprove(&'a str),
     LinkStats(&'a str),
     LinkQr(&'a str),
     Redirect(&'a str),
@@ -47,10 +50,19 @@ impl<'a> Route<'a> {
             "/api/v1/links" => Route::Links,
             "/api/v1/links/bulk" => Route::LinksBulk,
             "/api/v1/keys" => Route::Keys,
+            "/api/v1/domains" => Route::Domains,
+            "/api/v1/openapi.json" => Route::OpenApi,
             _ => {
                 if let Some(id) = path.strip_prefix("/api/v1/keys/") {
                     if !id.contains('/') {
                         return Route::Key(id);
+                    }
+                }
+                if let Some(rest) = path.strip_prefix("/api/v1/domains/") {
+                    if let Some(d) = rest.strip_suffix("/approve") {
+                        if !d.contains('/') {
+                            return Route::DomainApprove(d);
+                        }
                     }
                 }
                 if let Some(rest) = path.strip_prefix("/api/v1/links/") {
@@ -90,11 +102,14 @@ impl<'a> Route<'a> {
             Route::Healthz => "healthz",
             Route::Readyz => "readyz",
             Route::Metrics => "metrics",
+            Route::OpenApi => "openapi",
             Route::Links => "links",
             Route::LinksBulk => "links_bulk",
             Route::Link(_) => "link",
             Route::Keys => "keys",
             Route::Key(_) => "key",
+            Route::Domains => "domains",
+            Route::DomainApprove(_) => "domain_approve",
             Route::LinkStats(_) => "link_stats",
             Route::LinkQr(_) => "link_qr",
             Route::Redirect(_) => "redirect",
@@ -153,31 +168,46 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let route = Route::parse(&path);
     let method = req.method().clone();
+    // A per-link route names a link on the domain of its `?domain=` (default: the default
+    // domain): the handlers get the link key.
+    let key = match route {
+        Route::Link(slug) | Route::LinkStats(slug) | Route::LinkQr(slug) => {
+            match domains::key_of(&state, req.uri().query(), slug) {
+                Ok(k) => k,
+                Err(e) => return e.into_response(),
+            }
+        }
+        _ => String::new(),
+    };
     let result = match (route, &method) {
-        (Route::Healthz, &Method::GET | &Method::HEAD) => Ok(json_response(
-            StatusCode::OK,
-            &serde_json::json!({"status": "ok"}),
-        )),
+        (Route::Healthz, &Method::GET | &Method::HEAD) => Ok(healthz()),
         (Route::Readyz, &Method::GET | &Method::HEAD) => Ok(readyz(&state).await),
         (Route::Metrics, &Method::GET) => Ok(metrics(&state)),
         (Route::Healthz | Route::Readyz, _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Metrics, _) => Err(ApiError::MethodNotAllowed("GET")),
+        (Route::OpenApi, &Method::GET) => Ok(openapi()),
+        (Route::OpenApi, _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Links, &Method::POST) => api::create(&state, req).await,
         (Route::Links, &Method::GET) => listing::list(&state, &req).await,
         (Route::Links, _) => Err(ApiError::MethodNotAllowed("GET, POST")),
         (Route::LinksBulk, &Method::POST) => bulk::create(&state, req).await,
         (Route::LinksBulk, _) => Err(ApiError::MethodNotAllowed("POST")),
-        (Route::Link(slug), &Method::GET) => api::get(&state, req, slug).await,
-        (Route::Link(slug), &Method::PATCH) => api::patch(&state, req, slug).await,
-        (Route::Link(slug), &Method::DELETE) => api::delete(&state, req, slug).await,
+        (Route::Link(_), &Method::GET) => api::get(&state, req, &key).await,
+        (Route::Link(_), &Method::PATCH) => api::patch(&state, req, &key).await,
+        (Route::Link(_), &Method::DELETE) => api::delete(&state, req, &key).await,
         (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH, DELETE")),
         (Route::Keys, &Method::POST) => keys::create(&state, req).await,
         (Route::Keys, _) => Err(ApiError::MethodNotAllowed("POST")),
         (Route::Key(id), &Method::DELETE) => keys::revoke(&state, req, id).await,
         (Route::Key(_), _) => Err(ApiError::MethodNotAllowed("DELETE")),
-        (Route::LinkStats(slug), &Method::GET) => stats::api(&state, &req, slug).await,
+        (Route::Domains, &Method::POST) => domains::register(&state, req).await,
+        (Route::Domains, &Method::GET) => domains::list(&state, &req).await,
+        (Route::Domains, _) => Err(ApiError::MethodNotAllowed("GET, POST")),
+        (Route::DomainApprove(d), &Method::POST) => domains::approve(&state, &req, d).await,
+        (Route::DomainApprove(_), _) => Err(ApiError::MethodNotAllowed("POST")),
+        (Route::LinkStats(_), &Method::GET) => stats::api(&state, &req, &key).await,
         (Route::LinkStats(_), _) => Err(ApiError::MethodNotAllowed("GET")),
-        (Route::LinkQr(slug), &Method::GET) => qr::get(&state, &req, slug).await,
+        (Route::LinkQr(_), &Method::GET) => qr::get(&state, &req, &key).await,
         (Route::LinkQr(_), _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, &req, slug).await,
         (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
@@ -189,7 +219,29 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     resp
 }
 
-async fn readyz(state: &AppState) -> Resp {
+/// `GET /healthz`: the process is alive.
+#[utoipa::path(operation_id = "healthz", get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
+pub(crate) fn healthz() -> Resp {
+    json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /api/v1/openapi.json`
+#[utoipa::path(operation_id = "openapi_json", get, path = "/api/v1/openapi.json", tag = "meta",
+    responses((status = 200, content_type = "application/json", description = "OpenAPI 3.1")))]
+pub(crate) fn openapi() -> Resp {
+    let mut r = Resp::new(http_body_util::Full::new(bytes::Bytes::from_static(
+        crate::openapi::json().as_bytes(),
+    )));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+#[utoipa::path(operation_id = "readyz", get, path = "/readyz", tag = "ops",
+    responses((status = 200, description = "ready"), (status = 503, description = "store unavailable")))]
+pub(crate) async fn readyz(state: &AppState) -> Resp {
     match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
         Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         Ok(Err(e)) => {
@@ -207,7 +259,9 @@ async fn readyz(state: &AppState) -> Resp {
     }
 }
 
-fn metrics(state: &AppState) -> Resp {
+#[utoipa::path(operation_id = "metrics", get, path = "/metrics", tag = "ops",
+    responses((status = 200, content_type = "text/plain", description = "Prometheus text format")))]
+pub(crate) fn metrics(state: &AppState) -> Resp {
     zlink_redirect::error::metrics_text(state.metrics.render())
 }
 

@@ -12,9 +12,9 @@ use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateKey {
+pub(crate) struct CreateKey {
     owner: String,
     #[serde(default)]
     admin: bool,
@@ -32,6 +32,10 @@ fn admin_only(p: &Principal) -> Result<(), ApiError> {
 }
 
 /// `POST /api/v1/keys` with `{"owner": "...", "admin": false}`.
+#[utoipa::path(operation_id = "create_key", post, path = "/api/v1/keys", tag = "keys",
+    request_body = crate::keys::CreateKey,
+    responses((status = 201, body = crate::openapi::KeyView), (status = 403, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;
     admin_only(&principal)?;
@@ -58,6 +62,10 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
 }
 
 /// `DELETE /api/v1/keys/{id}`
+#[utoipa::path(operation_id = "revoke_key", delete, path = "/api/v1/keys/{id}", tag = "keys",
+    params(("id" = String, Path)),
+    responses((status = 200, body = crate::openapi::KeyView), (status = 404, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn revoke(state: &AppState, req: Request<Incoming>, id: &str) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;
     admin_only(&principal)?;

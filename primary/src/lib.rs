@@ -7,6 +7,8 @@
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
+//! - [`domains`]: branded domains (register, list, approve) and the link key of a route.
+//! - [`openapi`]: the OpenAPI 3.1 document of every route (`GET /api/v1/openapi.json`).
 //! - [`qr`]: `GET /api/v1/links/{slug}/qr`, the short URL as a QR code (SVG or PNG).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
@@ -32,6 +34,7 @@ pub mod bulk;
 pub mod cache;
 pub mod config;
 pub mod counter;
+pub mod domains;
 pub mod error;
 pub mod events;
 pub mod http;
@@ -41,6 +44,7 @@ pub mod limits;
 pub mod listing;
 pub use zlink_clients::memcache;
 pub mod metrics;
+pub mod openapi;
 pub mod policy;
 pub mod qr;
 pub mod redirect;

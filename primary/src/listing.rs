@@ -1,4 +1,4 @@
-//! `GET /api/v1/links?limit=&cursor=&status=&owner=&q=`: an owner's links, newest first, a page
+//! `GET /api/v1/links?limit=&cursor=&status=&owner=&q=&domain=`: an owner's links, newest first, a page
 //! at a time, from the owner index (`links_by_owner`, one partition per owner and month).
 //!
 //! The index is written before each link (see [`zlink_store::Links::index`]), so an entry may
@@ -8,7 +8,8 @@
 //! those links, so a page may hold fewer than `limit` links while `next_cursor` is not null;
 //! one request examines at most [`MAX_EXAMINED`] entries. Deleted links are listed only with
 //! `status=DELETED`. `q=` keeps links whose alias or slug contains it, in any case (a scan of
-//! the owner's list, bounded like any filter).
+//! the owner's list, bounded like any filter). `domain=` keeps the links on that branded domain
+//! (one of the default domain's names: the default domain's links).
 
 use crate::api::{effective_status, link_json, writer};
 use crate::app::AppState;
@@ -37,6 +38,8 @@ pub struct ListQuery {
     pub owner: Option<String>,
     /// `q`: lowercased; a link matches if its alias or slug contains it (any case).
     pub search: Option<String>,
+    /// `domain`: normalised.
+    pub domain: Option<String>,
 }
 
 /// The cursor: `<created ms>.<slug>` of the last link returned, base64url without padding, so
@@ -53,7 +56,7 @@ pub fn decode_cursor(c: &str) -> Option<ListPosition> {
     let raw = String::from_utf8(URL_SAFE_NO_PAD.decode(c).ok()?).ok()?;
     let (ms, slug) = raw.split_once('.')?;
     let created_at_ms: i64 = ms.parse().ok()?;
-    if created_at_ms < 0 || !zlink_wire::slug::is_valid_slug(slug) {
+    if created_at_ms < 0 || !zlink_wire::domain::is_valid_key(slug) {
         return None;
     }
     Some(ListPosition {
@@ -70,6 +73,7 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
         status: None,
         owner: None,
         search: None,
+        domain: None,
     };
     let invalid = |code: &'static str, m: &str| ApiError::Invalid(code, m.to_string());
     let mut seen: HashSet<String> = HashSet::new();
@@ -111,10 +115,15 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
                     .map_err(|m| ApiError::Invalid("invalid_owner", m))?;
                 q.owner = Some(v.to_string());
             }
+            "domain" => {
+                let d = zlink_wire::domain::normalize(&v)
+                    .map_err(|e| ApiError::Invalid("invalid_domain", e.to_string()))?;
+                q.domain = Some(d);
+            }
             _ => {
                 return Err(invalid(
                     "invalid_query",
-                    "unknown query parameter; known: limit, cursor, status, owner, q",
+                    "unknown query parameter; known: limit, cursor, status, owner, q, domain",
                 ))
             }
         }
@@ -125,6 +134,13 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
 /// `GET /api/v1/links`. An owner key lists its own links; an admin key its own or, with
 /// `owner=`, anyone's. Counted against the key's write limits (a page costs up to a thousand
 /// reads).
+#[utoipa::path(operation_id = "list_links", get, path = "/api/v1/links", tag = "links",
+    params(("limit" = Option<u32>, Query), ("cursor" = Option<String>, Query),
+        ("status" = Option<String>, Query), ("owner" = Option<String>, Query),
+        ("q" = Option<String>, Query, description = "Alias or slug contains"),
+        ("domain" = Option<String>, Query, description = "Only links on this domain")),
+    responses((status = 200, body = crate::openapi::LinkPage), (status = 422, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiError> {
     let principal = writer(state, req).await?;
     let q = parse_query(req.uri().query())?;
@@ -133,6 +149,11 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
         Some(o) => o.clone(),
         None => principal.owner.clone(),
     };
+    // The domain filter as a link key's domain part (`None`: the default domain).
+    let domain_filter: Option<Option<&str>> = q
+        .domain
+        .as_deref()
+        .map(|d| (!state.settings.hosts.is_default(d)).then_some(d));
     let now = state.clock.now_ms();
     let links = &state.store.links;
     let months: Vec<i32> = links
@@ -181,7 +202,9 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
                             .as_deref()
                             .is_some_and(|a| a.to_lowercase().contains(needle))
                 });
-                if !wanted || !found {
+                let on_domain =
+                    domain_filter.is_none_or(|d| zlink_wire::domain::split(&link.slug).0 == d);
+                if !wanted || !found || !on_domain {
                     continue;
                 }
                 out.push(link);

@@ -119,6 +119,11 @@ impl Destinations {
         st.policy.clone()
     }
 
+    /// True when `name` is one of the service's own short domains or under one.
+    pub fn is_own_domain(&self, name: &str) -> bool {
+        destination::in_list(name, &self.current().own_domains)
+    }
+
     /// Checks a normalised destination URL.
     pub fn check(&self, normalized: &str) -> Result<(), PolicyError> {
         let url = url::Url::parse(normalized).map_err(|_| PolicyError::NoHost)?;

@@ -43,10 +43,12 @@ pub fn parse_query(query: Option<&str>) -> Result<(Format, u32), ApiError> {
                         .ok_or_else(|| invalid("invalid_size", "size must be 64 to 2048"))?,
                 );
             }
+            // The link's domain: read by the route (`crate::domains::key_of`).
+            "domain" => {}
             _ => {
                 return Err(invalid(
                     "invalid_query",
-                    "known query parameters, once each: format, size",
+                    "known query parameters, once each: format, size, domain",
                 ))
             }
         }
@@ -101,6 +103,13 @@ fn encode(text: &str) -> Result<QrCode, ApiError> {
 }
 
 /// `GET /api/v1/links/{slug}/qr`
+#[utoipa::path(operation_id = "link_qr", get, path = "/api/v1/links/{slug}/qr", tag = "links",
+    params(("slug" = String, Path), ("domain" = Option<String>, Query),
+        ("format" = Option<String>, Query, description = "svg (default) or png"),
+        ("size" = Option<u32>, Query, description = "64 to 2048 pixels")),
+    responses((status = 200, content_type = "image/svg+xml", description = "SVG or PNG image"),
+        (status = 410, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
     let link = load_managed(state, &principal, slug, false).await?;
@@ -108,7 +117,7 @@ pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
     if link.status == LinkStatus::Deleted {
         return Err(ApiError::Gone);
     }
-    let short_url = format!("{}/{}", state.settings.public_base_url, link.slug);
+    let short_url = state.short_url(&link.slug);
     let (body, content_type) = match format {
         Format::Svg => (Bytes::from(svg(&short_url, size)?), "image/svg+xml"),
         Format::Png => (Bytes::from(png(&short_url, size)?), "image/png"),

@@ -14,6 +14,10 @@ use zlink_redirect::{layer, Peer, Reject, Resp};
 use zlink_wire::events::Tier as ClickTier;
 use zlink_wire::slug;
 
+#[utoipa::path(operation_id = "redirect", get, path = "/{slug}", tag = "redirect",
+    params(("slug" = String, Path)),
+    responses((status = 302, description = "Location: the destination (301, 307 or 308 as the link says)"),
+        (status = 404, body = crate::openapi::Error), (status = 410, body = crate::openapi::Error)))]
 pub async fn redirect<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     pipeline::redirect(state, req, slug).await
 }
@@ -28,6 +32,10 @@ impl Tier for AppState {
 
     fn cache_control(&self) -> &HeaderValue {
         &self.settings.cache_control
+    }
+
+    fn hosts(&self) -> &zlink_wire::domain::Hosts {
+        &self.settings.hosts
     }
 
     /// Below the frontend's per-try timeout, so nginx can still try the next rung.
@@ -57,9 +65,9 @@ impl Tier for AppState {
         }
     }
 
-    async fn lookup(&self, slug: &str) -> Result<(Lookup, &'static str), Reject> {
+    async fn lookup(&self, key: &str) -> Result<(Lookup, &'static str), Reject> {
         self.cache
-            .resolve(slug)
+            .resolve(key)
             .await
             .map_err(|e| ApiError::from(e).reject())
     }
@@ -67,7 +75,7 @@ impl Tier for AppState {
     /// To Kafka through the relay, under the outermost hop's id and time (from a trusted
     /// proxy), so a request that nginx already failed over and this primary finishes late is
     /// the same click, counted once.
-    fn click<B>(&self, req: &Request<B>, slug: &str, now_ms: i64) -> Option<uuid::Uuid> {
+    fn click<B>(&self, req: &Request<B>, key: &str, now_ms: i64) -> Option<uuid::Uuid> {
         let origin = self
             .settings
             .trusted_proxies
@@ -76,7 +84,7 @@ impl Tier for AppState {
             ClickTier::Primary,
             &self.settings.ip_hash_salt,
             &self.settings.geo,
-            slug,
+            key,
             &origin,
             req.headers(),
         );
@@ -84,7 +92,7 @@ impl Tier for AppState {
         self.events.clicked(ev).then_some(id)
     }
 
-    fn done(&self, _: &str, _: &Resp, elapsed: Duration) {
+    fn done(&self, _: Option<&str>, _: &Resp, elapsed: Duration) {
         self.metrics.redirect_seconds.observe(elapsed.as_secs_f64());
     }
 }

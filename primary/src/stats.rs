@@ -30,27 +30,36 @@ async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
 }
 
 /// `GET /api/v1/links/{slug}/stats`
+#[utoipa::path(operation_id = "link_stats", get, path = "/api/v1/links/{slug}/stats", tag = "links",
+    params(("slug" = String, Path), ("domain" = Option<String>, Query)),
+    responses((status = 200, body = crate::openapi::Stats), (status = 404, body = crate::openapi::Error)),
+    security(("bearer" = [])))]
 pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
     let link = load_managed(state, &principal, slug, false).await?;
     let stats = click_store(state).await?.link_stats(&link.slug).await?;
     let today = day_of(state.clock.now_ms());
-    Ok(json_response(
-        StatusCode::OK,
-        &stats.to_json(&link.slug, today, RECENT_DAYS),
-    ))
+    let (domain, slug) = zlink_wire::domain::split(&link.slug);
+    let mut body = stats.to_json(slug, today, RECENT_DAYS);
+    body["domain"] = serde_json::json!(domain);
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 /// `GET|HEAD /{slug}+`: a small HTML page; 404/410 like the redirect itself.
+#[utoipa::path(operation_id = "info_page", get, path = "/{slug}+", tag = "redirect",
+    params(("slug" = String, Path)),
+    responses((status = 200, content_type = "text/html", description = "HTML page"), (status = 404, body = crate::openapi::Error)))]
 pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     if !slug::is_valid_slug(slug) {
         return Err(ApiError::NotFound);
     }
+    // The link on the domain the request's host names (an unknown name: none).
+    let key = crate::domains::key_of_host(state, req, slug).ok_or(ApiError::NotFound)?;
     state.admit_ip(Limit::InfoPerIp, state.client_ip(req))?;
     let link = state
         .store
         .links
-        .get(slug)
+        .get(&key)
         .await?
         .ok_or(ApiError::NotFound)?;
     let now = state.clock.now_ms();
@@ -73,12 +82,7 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
     let created = chrono::DateTime::from_timestamp_millis(link.created_at_ms)
         .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
         .unwrap_or_default();
-    let body = page(
-        &format!("{}/{}", state.settings.public_base_url, link.slug),
-        &link.url,
-        &created,
-        total,
-    );
+    let body = page(&state.short_url(&link.slug), &link.url, &created, total);
     let mut resp = Resp::new(Full::new(Bytes::from(body)));
     let h = resp.headers_mut();
     h.insert(

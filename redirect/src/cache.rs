@@ -14,6 +14,7 @@ use moka::Expiry;
 use prometheus::IntCounterVec;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use zlink_clients::memcache::{McError, Memcache};
@@ -157,6 +158,9 @@ impl Trusted for crate::Target {
     }
 }
 
+/// Longest memcached key.
+const MAX_MEMCACHED_KEY: usize = 250;
+
 /// The shared memcached in front of a tier's source of truth. Failures are counted and
 /// skipped, never returned: the next layer answers instead.
 pub struct Memcached {
@@ -182,8 +186,18 @@ impl Memcached {
         &self.mc
     }
 
-    pub fn key(&self, slug: &str) -> String {
-        format!("{}{slug}", self.prefix)
+    /// The memcached key of a link key. memcached allows 250 bytes; a longer one (a link on a
+    /// long branded domain) is its SHA-256 instead, still under the prefix (`#` is in no link key).
+    pub fn key(&self, key: &str) -> String {
+        let k = format!("{}{key}", self.prefix);
+        if k.len() <= MAX_MEMCACHED_KEY {
+            return k;
+        }
+        format!(
+            "{}#{}",
+            self.prefix,
+            hex::encode(Sha256::digest(key.as_bytes()))
+        )
     }
 
     pub fn ttl_s(&self) -> u32 {

@@ -1,6 +1,9 @@
 //! `GET|HEAD /{slug}` as named phases, the same on both tiers:
 //!
-//! 1. **parse**: anything that is not a possible slug is 404 without touching a cache;
+//! 1. **parse**: anything that is not a possible slug, or a `Host` that names no domain, is 404
+//!    without touching a cache; the slug and the host's domain give the link key
+//!    ([`zlink_wire::domain`]: the slug itself on the default domain, `<domain>/<slug>` on a
+//!    branded one), which every later phase uses;
 //! 2. **screen**: the tier may refuse early (primary: an auto-shaped slug never issued);
 //! 3. **look up** through the tier's cache layers to its source of truth;
 //! 4. **decide** ([`crate::decide`]): redirect, 404, 410 or 500;
@@ -20,6 +23,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use zlink_clients::clicks;
 use zlink_clients::trace::RequestTrace;
+use zlink_wire::domain::Hosts;
 use zlink_wire::slug;
 
 /// The layer that answered (response extension; the trace's `cache_layer`).
@@ -36,59 +40,68 @@ pub trait Tier: Send + Sync + 'static {
     fn now_ms(&self) -> i64;
     /// `Cache-Control` of redirects (the same on every rung).
     fn cache_control(&self) -> &HeaderValue;
+    /// The default domain's host names (every other name is a branded domain).
+    fn hosts(&self) -> &Hosts;
     /// The whole redirect's deadline, if the tier has one.
     fn deadline(&self) -> Option<Duration> {
         None
     }
-    /// Phase 2: refuse a slug that cannot exist before any lookup.
+    /// Phase 2: refuse a slug that cannot exist before any lookup (the bare slug: auto slugs
+    /// are unique across domains).
     fn screen(&self, _slug: &str) -> impl Future<Output = Result<(), Reject>> + Send {
         async { Ok(()) }
     }
-    /// Phase 3: the answer and the layer that gave it ([`crate::layer`]). An error is a
-    /// dependency failure the tier has already logged and counted.
+    /// Phase 3: the answer for the link `key` and the layer that gave it ([`crate::layer`]).
+    /// An error is a dependency failure the tier has already logged and counted.
     fn lookup(
         &self,
-        slug: &str,
+        key: &str,
     ) -> impl Future<Output = Result<(Self::Answer, &'static str), Reject>> + Send;
-    /// Phase 6: hands a click of a redirect to the tier's sink; its id, if it took it.
-    fn click<B>(&self, req: &Request<B>, slug: &str, now_ms: i64) -> Option<uuid::Uuid>;
-    /// After the answer (metrics).
-    fn done(&self, _slug: &str, _resp: &Resp, _elapsed: Duration) {}
+    /// Phase 6: hands a click of a redirect of `key` to the tier's sink; its id, if it took it.
+    fn click<B>(&self, req: &Request<B>, key: &str, now_ms: i64) -> Option<uuid::Uuid>;
+    /// After the answer (metrics); `key` is `None` when the host named no domain.
+    fn done(&self, _key: Option<&str>, _resp: &Resp, _elapsed: Duration) {}
 }
 
-/// Answers `GET|HEAD /{slug}`.
+/// Answers `GET|HEAD /{slug}` on the domain the request's `Host` names.
 pub async fn redirect<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
     let started = Instant::now();
-    let resp = match tier.deadline() {
-        Some(d) => tokio::time::timeout(d, phases(tier, req, slug))
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let key = tier.hosts().key_of(host, slug);
+    let resp = match (&key, tier.deadline()) {
+        (None, _) => Reject::NotFound.into_response(),
+        (Some(key), Some(d)) => tokio::time::timeout(d, phases(tier, req, slug, key))
             .await
             .unwrap_or_else(|_| Reject::Timeout.into_response()),
-        None => phases(tier, req, slug).await,
+        (Some(key), None) => phases(tier, req, slug, key).await,
     };
-    tier.done(slug, &resp, started.elapsed());
+    tier.done(key.as_deref(), &resp, started.elapsed());
     resp
 }
 
-async fn phases<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
+async fn phases<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str, key: &str) -> Resp {
     if !slug::is_valid_slug(slug) {
         return Reject::NotFound.into_response();
     }
     if let Err(r) = tier.screen(slug).await {
         return r.into_response();
     }
-    let (answer, layer) = match tier.lookup(slug).await {
+    let (answer, layer) = match tier.lookup(key).await {
         Ok(found) => found,
         Err(r) => return r.into_response(),
     };
     let now = tier.now_ms();
     let decision = decide(answer.view(), now);
     if decision == Decision::Reject(Reject::Internal) {
-        tracing::error!(slug = ?slug, "stored link has an unusable url or code");
+        tracing::error!(key = ?key, "stored link has an unusable url or code");
     }
     let mut resp = respond(decision, T::NAME, tier.cache_control());
     resp.extensions_mut().insert(CacheLayer(layer));
     if resp.status().is_redirection() && clicks::is_click(req.method()) {
-        if let Some(id) = tier.click(req, slug, now) {
+        if let Some(id) = tier.click(req, key, now) {
             resp.headers_mut()
                 .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
         }

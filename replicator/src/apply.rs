@@ -16,7 +16,7 @@ use zlink_store::replicas::Replicas;
 use zlink_store::{Db, StoreError};
 use zlink_wire::blob::{Blob, GoneReason, Tombstone};
 use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
-use zlink_wire::{link, longurl, slug, LinkStatus};
+use zlink_wire::{link, longurl, LinkStatus};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -53,8 +53,8 @@ pub fn decode(payload: Option<&[u8]>) -> Result<LinkEvent, ApplyError> {
     if ev.schema != LINK_EVENT_SCHEMA {
         return Err(bad("unknown event schema"));
     }
-    if !slug::is_valid_slug(&ev.slug) {
-        return Err(bad("invalid slug"));
+    if !zlink_wire::domain::is_valid_key(&ev.slug) {
+        return Err(bad("invalid link key"));
     }
     if longurl::normalize(&ev.url).as_deref() != Ok(ev.url.as_str()) {
         return Err(bad("url is not a valid normalised URL"));

@@ -4,7 +4,7 @@
 //! (aggregates); each builds only the repositories it uses.
 //!
 //! Layers, top to bottom (a module uses only those below it):
-//! - repositories: [`links`] (links, idempotency claims), [`outbox`] (outbox, sweeper lease,
+//! - repositories: [`links`] (links, idempotency claims), [`domains`] (branded domains), [`outbox`] (outbox, sweeper lease,
 //!   expiries and their cursor), [`keys`] (API keys), [`ids`] (ID blocks), [`replicas`]
 //!   (replica versions), [`clicks`] (click aggregates, the exactly-once counting write, the
 //!   stats read model);
@@ -18,6 +18,7 @@ pub mod clicks;
 pub mod config;
 pub mod connect;
 pub mod db;
+pub mod domains;
 pub mod ids;
 pub mod keys;
 pub mod links;

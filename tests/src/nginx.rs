@@ -36,7 +36,19 @@ pub fn lastresort_host_values(
             repo_root().join("nginx/static").display().to_string(),
         ),
         ("CLICK_LOG", click_log.to_string()),
+        // The default domain's names beyond IP literals and localhost (see `default_hosts`).
+        ("DEFAULT_HOSTS", String::new()),
     ]
+}
+
+/// `DEFAULT_HOSTS` of nginx/lastresort.conf for these names (what `up` renders from
+/// ZLINK_SHORT_DOMAINS).
+pub fn default_hosts(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("        \"{n}\" \"\";"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// An nginx of the test's own, from a template in `nginx/` rendered by `zlink_xtask::nginx`

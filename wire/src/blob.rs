@@ -1,7 +1,8 @@
 //! The S3 blob format: the contract between the replicator (writes), lastresort (reads) and
 //! nginx on lastresort hosts (serves the body as-is when lastresort is down).
 //!
-//! Key: `<prefix><slug>`. Body: a small, complete UTF-8 HTML document with a meta refresh, a
+//! Key: `<prefix><key>` (the link key: `<slug>`, or `<domain>/<slug>` on a branded domain).
+//! Body: a small, complete UTF-8 HTML document with a meta refresh, a
 //! canonical link and a plain anchor, every copy of the URL HTML-escaped. The redirect code,
 //! link version and expiry are in a `<meta name="zlink">` tag and, with the URL when it is short
 //! enough for S3's 2 KiB metadata limit, in object metadata.
@@ -233,22 +234,25 @@ pub fn parse_metadata<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Result<BlobM
     })
 }
 
-/// The S3 key of a slug's blob. Slugs are validated `[A-Za-z0-9_-]`, so no escaping is needed.
-pub fn object_key(prefix: &str, slug: &str) -> String {
-    debug_assert!(crate::slug::is_valid_slug(slug));
-    format!("{prefix}{slug}")
+/// The S3 key of a link's blob: `<prefix><slug>` on the default domain, `<prefix><domain>/<slug>`
+/// on a branded one ([`crate::domain`]: the link key). Keys are validated (`[A-Za-z0-9_-]` slugs,
+/// `[a-z0-9.-]` domains), so no escaping is needed.
+pub fn object_key(prefix: &str, key: &str) -> String {
+    debug_assert!(crate::domain::is_valid_key(key));
+    format!("{prefix}{key}")
 }
 
-/// Folder of tombstones under the prefix. `.` is not in the slug alphabet, so no blob key can
-/// ever be or contain it, and nginx (which fetches `<prefix><slug>`) can never serve one.
+/// Folder of tombstones under the prefix. `.` is not in the slug alphabet and no domain starts
+/// with it, so no blob key can ever be under it, and nginx (which fetches `<prefix><key>`) can
+/// never serve one.
 pub const TOMBSTONE_DIR: &str = ".gone/";
 
 /// Tombstones: a link that exists but must not redirect (disabled or expired) has no blob
-/// (SYSTEM.md) but a tombstone at `<prefix>.gone/<slug>`, so that lastresort answers 410 like
+/// (SYSTEM.md) but a tombstone at `<prefix>.gone/<key>`, so that lastresort answers 410 like
 /// primary instead of 404. Body: [`TOMBSTONE_BODY`]; everything is in metadata.
-pub fn tombstone_key(prefix: &str, slug: &str) -> String {
-    debug_assert!(crate::slug::is_valid_slug(slug));
-    format!("{prefix}{TOMBSTONE_DIR}{slug}")
+pub fn tombstone_key(prefix: &str, key: &str) -> String {
+    debug_assert!(crate::domain::is_valid_key(key));
+    format!("{prefix}{TOMBSTONE_DIR}{key}")
 }
 
 pub const TOMBSTONE_BODY: &str = "gone\n";

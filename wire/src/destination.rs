@@ -104,7 +104,8 @@ fn matches_suffix(host: &str, entry: &str) -> bool {
             && host.as_bytes()[host.len() - entry.len() - 1] == b'.')
 }
 
-fn in_list(host: &str, list: &[String]) -> bool {
+/// True when `host` is an entry of `list` or under one.
+pub fn in_list(host: &str, list: &[String]) -> bool {
     list.iter().any(|e| matches_suffix(host, e))
 }
 

@@ -1,6 +1,7 @@
 //! Formats that cross zlink process boundaries; every tier agrees on these.
 //!
 //! - [`slug`]: slug rules (auto vs custom, reserved words) and the keyed auto-slug codec.
+//! - [`domain`]: branded domains, link keys (`slug` or `<domain>/<slug>`), Host → domain.
 //! - [`longurl`]: validation and normalisation of destination URLs.
 //! - [`destination`]: which hosts a link may lead to (no private, internal or own hosts).
 //! - [`link`]: the link state machine and the allowed redirect codes.
@@ -9,6 +10,7 @@
 
 pub mod blob;
 pub mod destination;
+pub mod domain;
 pub mod events;
 pub mod link;
 pub mod longurl;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::events::Tier;
 
+mod domains;
 mod limits;
 mod takedown;
 

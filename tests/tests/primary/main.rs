@@ -15,6 +15,7 @@ mod bulk;
 mod cache;
 mod input;
 mod listing;
+mod openapi;
 mod qr;
 
 async fn get(url: &str) -> reqwest::Response {
