@@ -174,7 +174,11 @@ zl_start_cassandra() {
     "$ZLINK_ROOT/deploy/local/conf/cassandra.yaml.tmpl" >"$dir/cassandra.yaml"
   local jvm_opts
   mapfile -t jvm_opts < <(grep -v -e '^#' -e '^$' "$ZLINK_ROOT/deploy/local/conf/cassandra-jvm17.options")
-  zl_spawn cassandra java -Xms1g -Xmx1g -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
+  # 2 GiB of heap: every test keyspace's ~30 tables stay in the heap's schema and memtable
+  # structures, and a full test run plus reruns against the same servers filled 1 GiB
+  # (OutOfMemoryError after ~100 keyspaces). ZLINK_CASSANDRA_HEAP overrides.
+  local heap="${ZLINK_CASSANDRA_HEAP:-2g}"
+  zl_spawn cassandra java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
     -Dcassandra.config="file://$dir/cassandra.yaml" \
     -Dcassandra.storagedir="$dir" \
     -Dcassandra.logdir="$ZLINK_RUN/logs" \
