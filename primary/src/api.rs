@@ -220,8 +220,8 @@ fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError>
 #[utoipa::path(operation_id = "create_link", post, path = "/api/v1/links", tag = "links",
     request_body = crate::api::CreateRequest,
     params(("Idempotency-Key" = Option<String>, Header, description = "Retries with the same key return the same link")),
-    responses((status = 201, body = crate::openapi::LinkView), (status = 200, description = "Idempotent replay", body = crate::openapi::LinkView),
-        (status = 409, body = crate::openapi::Error), (status = 422, body = crate::openapi::Error), (status = 429, body = crate::openapi::Error)),
+    responses((status = 201, body = crate::views::LinkView), (status = 200, description = "Idempotent replay", body = crate::views::LinkView),
+        (status = 409, body = crate::views::Error), (status = 422, body = crate::views::Error), (status = 429, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;
@@ -258,7 +258,7 @@ pub(crate) async fn create_link(
     if let Some(s) = &body.slug {
         slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
     }
-    let domain = crate::domains::for_create(state, principal, body.domain.as_deref()).await?;
+    let domain = crate::hosts::for_create(state, principal, body.domain.as_deref()).await?;
     not_to_a_branded_domain(state, &url).await?;
     let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
     let alias = body.alias.as_deref().map(validate_alias).transpose()?;
@@ -409,7 +409,7 @@ pub(crate) async fn load_managed(
 /// `GET /api/v1/links/{slug}`
 #[utoipa::path(operation_id = "get_link", get, path = "/api/v1/links/{slug}", tag = "links",
     params(("slug" = String, Path), ("domain" = Option<String>, Query, description = "The link's branded domain")),
-    responses((status = 200, body = crate::openapi::LinkView), (status = 404, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::LinkView), (status = 404, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(&req).await?;
@@ -427,7 +427,7 @@ pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result
 #[utoipa::path(operation_id = "patch_link", patch, path = "/api/v1/links/{slug}", tag = "links",
     request_body = crate::api::PatchRequest,
     params(("slug" = String, Path), ("domain" = Option<String>, Query)),
-    responses((status = 200, body = crate::openapi::LinkView), (status = 409, body = crate::openapi::Error), (status = 422, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::LinkView), (status = 409, body = crate::views::Error), (status = 422, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
     // Authenticate (and limit) before reading the body.
@@ -570,7 +570,7 @@ async fn not_to_a_branded_domain(state: &AppState, normalized: &str) -> Result<(
         .ok()
         .and_then(|u| u.host_str().map(str::to_ascii_lowercase));
     match host {
-        Some(h) if crate::domains::is_branded(state, &h).await? => Err(ApiError::Invalid(
+        Some(h) if crate::hosts::is_branded(state, &h).await? => Err(ApiError::Invalid(
             "destination_own_domain",
             format!(
                 "destination host {h:?} is one of this service's short domains (a link to a link)"
@@ -677,7 +677,7 @@ async fn retarget(
 /// DELETED tombstone, the slug stays taken. Deleting a deleted link answers the same 200.
 #[utoipa::path(operation_id = "delete_link", delete, path = "/api/v1/links/{slug}", tag = "links",
     params(("slug" = String, Path), ("domain" = Option<String>, Query)),
-    responses((status = 200, body = crate::openapi::LinkView), (status = 404, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::LinkView), (status = 404, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn delete(
     state: &AppState,

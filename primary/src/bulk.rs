@@ -33,7 +33,7 @@ pub(crate) struct BulkRequest {
 /// limit admits as many items as its bucket holds (the rest answer 429 each).
 #[utoipa::path(operation_id = "bulk_create", post, path = "/api/v1/links/bulk", tag = "links",
     request_body = crate::bulk::BulkRequest,
-    responses((status = 200, body = crate::openapi::BulkResult), (status = 422, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::BulkResult), (status = 422, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     state.admit_ip(Limit::WritesPerIp, state.client_ip(&req))?;

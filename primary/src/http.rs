@@ -1,9 +1,9 @@
 //! HTTP plumbing: the route table, the middleware stack, and the accept loop.
 
 use crate::app::AppState;
-use crate::error::{json_response, ApiError, Resp};
-use crate::{api, bulk, domains, keys, listing, qr, redirect, stats};
-use http::{Method, Request, StatusCode};
+use crate::error::{ApiError, Resp};
+use crate::{api, bulk, domains, hosts, keys, listing, ops, qr, redirect, stats};
+use http::{Method, Request};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
@@ -172,7 +172,7 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     // domain): the handlers get the link key.
     let key = match route {
         Route::Link(slug) | Route::LinkStats(slug) | Route::LinkQr(slug) => {
-            match domains::key_of(&state, req.uri().query(), slug) {
+            match hosts::key_of(&state, req.uri().query(), slug) {
                 Ok(k) => k,
                 Err(e) => return e.into_response(),
             }
@@ -180,12 +180,12 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         _ => String::new(),
     };
     let result = match (route, &method) {
-        (Route::Healthz, &Method::GET | &Method::HEAD) => Ok(healthz()),
-        (Route::Readyz, &Method::GET | &Method::HEAD) => Ok(readyz(&state).await),
-        (Route::Metrics, &Method::GET) => Ok(metrics(&state)),
+        (Route::Healthz, &Method::GET | &Method::HEAD) => Ok(ops::healthz()),
+        (Route::Readyz, &Method::GET | &Method::HEAD) => Ok(ops::readyz(&state).await),
+        (Route::Metrics, &Method::GET) => Ok(ops::metrics(&state)),
         (Route::Healthz | Route::Readyz, _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::Metrics, _) => Err(ApiError::MethodNotAllowed("GET")),
-        (Route::OpenApi, &Method::GET) => Ok(openapi()),
+        (Route::OpenApi, &Method::GET) => Ok(crate::openapi::serve()),
         (Route::OpenApi, _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Links, &Method::POST) => api::create(&state, req).await,
         (Route::Links, &Method::GET) => listing::list(&state, &req).await,
@@ -217,52 +217,6 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let mut resp = result.unwrap_or_else(ApiError::into_response);
     resp.extensions_mut().insert(RouteLabel(route.label()));
     resp
-}
-
-/// `GET /healthz`: the process is alive.
-#[utoipa::path(operation_id = "healthz", get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
-pub(crate) fn healthz() -> Resp {
-    json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
-}
-
-/// `GET /api/v1/openapi.json`
-#[utoipa::path(operation_id = "openapi_json", get, path = "/api/v1/openapi.json", tag = "meta",
-    responses((status = 200, content_type = "application/json", description = "OpenAPI 3.1")))]
-pub(crate) fn openapi() -> Resp {
-    let mut r = Resp::new(http_body_util::Full::new(bytes::Bytes::from_static(
-        crate::openapi::json().as_bytes(),
-    )));
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-#[utoipa::path(operation_id = "readyz", get, path = "/readyz", tag = "ops",
-    responses((status = 200, description = "ready"), (status = 503, description = "store unavailable")))]
-pub(crate) async fn readyz(state: &AppState) -> Resp {
-    match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
-        Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
-        Ok(Err(e)) => {
-            // The error text (addresses, driver internals) goes to the log, never the response.
-            tracing::warn!(error = %e, "not ready: store");
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({"status": "not_ready", "store": "unavailable"}),
-            )
-        }
-        Err(_) => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "not_ready", "store": "timeout"}),
-        ),
-    }
-}
-
-#[utoipa::path(operation_id = "metrics", get, path = "/metrics", tag = "ops",
-    responses((status = 200, content_type = "text/plain", description = "Prometheus text format")))]
-pub(crate) fn metrics(state: &AppState) -> Resp {
-    zlink_redirect::error::metrics_text(state.metrics.render())
 }
 
 /// Middleware: the request deadline (past it: 503 JSON, so nginx can fail over) and the
@@ -373,6 +327,14 @@ mod tests {
             ("/api/v1/keys", Keys),
             ("/api/v1/keys/0123456789abcdef", Key("0123456789abcdef")),
             ("/api/v1/keys/a/b", ApiNotFound),
+            ("/api/v1/domains", Domains),
+            (
+                "/api/v1/domains/go.example.com/approve",
+                DomainApprove("go.example.com"),
+            ),
+            ("/api/v1/domains/a/b/approve", ApiNotFound),
+            ("/api/v1/domains/x", ApiNotFound),
+            ("/api/v1/openapi.json", OpenApi),
             ("/api/v1/links/abc/stats/x", ApiNotFound),
             ("/api/v1/links/a/b/stats", ApiNotFound),
             ("/api/v2/x", ApiNotFound),
@@ -387,6 +349,83 @@ mod tests {
         ];
         for (path, want) in cases {
             assert_eq!(Route::parse(path), *want, "{path}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod documented {
+    use super::Route;
+
+    /// A path of each route, the placeholders filled in: an exhaustive match, so a new route
+    /// needs a decision here (and a documented path) to compile.
+    fn documented_path(r: Route) -> &'static str {
+        match r {
+            Route::Healthz => "/healthz",
+            Route::Readyz => "/readyz",
+            Route::Metrics => "/metrics",
+            Route::OpenApi => "/api/v1/openapi.json",
+            Route::Links => "/api/v1/links",
+            Route::LinksBulk => "/api/v1/links/bulk",
+            Route::Link(_) => "/api/v1/links/{slug}",
+            Route::Keys => "/api/v1/keys",
+            Route::Key(_) => "/api/v1/keys/{id}",
+            Route::Domains => "/api/v1/domains",
+            Route::DomainApprove(_) => "/api/v1/domains/{domain}/approve",
+            Route::LinkStats(_) => "/api/v1/links/{slug}/stats",
+            Route::LinkQr(_) => "/api/v1/links/{slug}/qr",
+            Route::Redirect(_) => "/{slug}",
+            Route::Info(_) => "/{slug}+",
+            Route::ApiNotFound | Route::NotFound => "",
+        }
+    }
+
+    /// Fills a documented path's placeholders with sample values.
+    pub fn sample(path: &str) -> String {
+        path.replace("{slug}", "abc-1")
+            .replace("{id}", "k1")
+            .replace("{domain}", "go.example.com")
+    }
+
+    #[test]
+    fn every_route_has_a_documented_path_and_every_documented_path_a_route() {
+        let ops = crate::openapi::operations();
+        assert!(
+            crate::openapi::json().contains("\"openapi\":\"3.1"),
+            "OpenAPI 3.1"
+        );
+        for (path, methods) in &ops {
+            assert!(!methods.is_empty(), "{path}");
+            let s = sample(path);
+            let route = Route::parse(&s);
+            assert!(
+                !matches!(route, Route::NotFound | Route::ApiNotFound),
+                "documented {path} is no route"
+            );
+            assert_eq!(documented_path(route), path, "{path} parses to {route:?}");
+        }
+        let documented: Vec<&str> = ops.iter().map(|(p, _)| p.as_str()).collect();
+        for route in [
+            Route::Healthz,
+            Route::Readyz,
+            Route::Metrics,
+            Route::OpenApi,
+            Route::Links,
+            Route::LinksBulk,
+            Route::Link("x"),
+            Route::Keys,
+            Route::Key("x"),
+            Route::Domains,
+            Route::DomainApprove("x"),
+            Route::LinkStats("x"),
+            Route::LinkQr("x"),
+            Route::Redirect("x"),
+            Route::Info("x"),
+        ] {
+            assert!(
+                documented.contains(&documented_path(route)),
+                "{route:?} is not documented"
+            );
         }
     }
 }

@@ -34,7 +34,7 @@ fn admin_only(p: &Principal) -> Result<(), ApiError> {
 /// `POST /api/v1/keys` with `{"owner": "...", "admin": false}`.
 #[utoipa::path(operation_id = "create_key", post, path = "/api/v1/keys", tag = "keys",
     request_body = crate::keys::CreateKey,
-    responses((status = 201, body = crate::openapi::KeyView), (status = 403, body = crate::openapi::Error)),
+    responses((status = 201, body = crate::views::KeyView), (status = 403, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;
@@ -64,7 +64,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
 /// `DELETE /api/v1/keys/{id}`
 #[utoipa::path(operation_id = "revoke_key", delete, path = "/api/v1/keys/{id}", tag = "keys",
     params(("id" = String, Path)),
-    responses((status = 200, body = crate::openapi::KeyView), (status = 404, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::KeyView), (status = 404, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn revoke(state: &AppState, req: Request<Incoming>, id: &str) -> Result<Resp, ApiError> {
     let principal = writer(state, &req).await?;

@@ -7,8 +7,11 @@
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
-//! - [`domains`]: branded domains (register, list, approve) and the link key of a route.
+//! - [`domains`]: branded domains' API (register, list, approve).
+//! - [`hosts`]: the domain a request, route or create names; whether a host is one of ours.
 //! - [`openapi`]: the OpenAPI 3.1 document of every route (`GET /api/v1/openapi.json`).
+//! - [`views`]: the API's JSON answers as OpenAPI schemas.
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`qr`]: `GET /api/v1/links/{slug}/qr`, the short URL as a QR code (SVG or PNG).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
@@ -37,6 +40,7 @@ pub mod counter;
 pub mod domains;
 pub mod error;
 pub mod events;
+pub mod hosts;
 pub mod http;
 pub mod ids;
 pub mod keys;
@@ -45,12 +49,14 @@ pub mod listing;
 pub use zlink_clients::memcache;
 pub mod metrics;
 pub mod openapi;
+pub mod ops;
 pub mod policy;
 pub mod qr;
 pub mod redirect;
 pub mod relay;
 pub mod stats;
 pub mod store;
+pub mod views;
 
 use std::sync::Arc;
 use std::time::Duration;

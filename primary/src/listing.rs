@@ -139,7 +139,7 @@ pub fn parse_query(query: Option<&str>) -> Result<ListQuery, ApiError> {
         ("status" = Option<String>, Query), ("owner" = Option<String>, Query),
         ("q" = Option<String>, Query, description = "Alias or slug contains"),
         ("domain" = Option<String>, Query, description = "Only links on this domain")),
-    responses((status = 200, body = crate::openapi::LinkPage), (status = 422, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::LinkPage), (status = 422, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiError> {
     let principal = writer(state, req).await?;

@@ -43,7 +43,7 @@ pub fn parse_query(query: Option<&str>) -> Result<(Format, u32), ApiError> {
                         .ok_or_else(|| invalid("invalid_size", "size must be 64 to 2048"))?,
                 );
             }
-            // The link's domain: read by the route (`crate::domains::key_of`).
+            // The link's domain: read by the route (`crate::hosts::key_of`).
             "domain" => {}
             _ => {
                 return Err(invalid(
@@ -108,7 +108,7 @@ fn encode(text: &str) -> Result<QrCode, ApiError> {
         ("format" = Option<String>, Query, description = "svg (default) or png"),
         ("size" = Option<u32>, Query, description = "64 to 2048 pixels")),
     responses((status = 200, content_type = "image/svg+xml", description = "SVG or PNG image"),
-        (status = 410, body = crate::openapi::Error)),
+        (status = 410, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;

@@ -17,7 +17,7 @@ use zlink_wire::slug;
 #[utoipa::path(operation_id = "redirect", get, path = "/{slug}", tag = "redirect",
     params(("slug" = String, Path)),
     responses((status = 302, description = "Location: the destination (301, 307 or 308 as the link says)"),
-        (status = 404, body = crate::openapi::Error), (status = 410, body = crate::openapi::Error)))]
+        (status = 404, body = crate::views::Error), (status = 410, body = crate::views::Error)))]
 pub async fn redirect<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -> Resp {
     pipeline::redirect(state, req, slug).await
 }

@@ -32,7 +32,7 @@ async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
 /// `GET /api/v1/links/{slug}/stats`
 #[utoipa::path(operation_id = "link_stats", get, path = "/api/v1/links/{slug}/stats", tag = "links",
     params(("slug" = String, Path), ("domain" = Option<String>, Query)),
-    responses((status = 200, body = crate::openapi::Stats), (status = 404, body = crate::openapi::Error)),
+    responses((status = 200, body = crate::views::Stats), (status = 404, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
@@ -48,13 +48,13 @@ pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
 /// `GET|HEAD /{slug}+`: a small HTML page; 404/410 like the redirect itself.
 #[utoipa::path(operation_id = "info_page", get, path = "/{slug}+", tag = "redirect",
     params(("slug" = String, Path)),
-    responses((status = 200, content_type = "text/html", description = "HTML page"), (status = 404, body = crate::openapi::Error)))]
+    responses((status = 200, content_type = "text/html", description = "HTML page"), (status = 404, body = crate::views::Error)))]
 pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     if !slug::is_valid_slug(slug) {
         return Err(ApiError::NotFound);
     }
     // The link on the domain the request's host names (an unknown name: none).
-    let key = crate::domains::key_of_host(state, req, slug).ok_or(ApiError::NotFound)?;
+    let key = crate::hosts::key_of_host(state, req, slug).ok_or(ApiError::NotFound)?;
     state.admit_ip(Limit::InfoPerIp, state.client_ip(req))?;
     let link = state
         .store

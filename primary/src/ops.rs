@@ -1,0 +1,40 @@
+//! The operator endpoints: `/healthz` (alive), `/readyz` (the store answers), `/metrics`.
+
+use crate::app::AppState;
+use crate::error::{json_response, Resp};
+use http::StatusCode;
+use std::time::Duration;
+
+/// `GET /healthz`: the process is alive.
+#[utoipa::path(operation_id = "healthz", get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
+pub(crate) fn healthz() -> Resp {
+    json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: ready when the store answers a ping within a second.
+#[utoipa::path(operation_id = "readyz", get, path = "/readyz", tag = "ops",
+    responses((status = 200, description = "ready"), (status = 503, description = "store unavailable")))]
+pub(crate) async fn readyz(state: &AppState) -> Resp {
+    match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
+        Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
+        Ok(Err(e)) => {
+            // The error text (addresses, driver internals) goes to the log, never the response.
+            tracing::warn!(error = %e, "not ready: store");
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({"status": "not_ready", "store": "unavailable"}),
+            )
+        }
+        Err(_) => json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "not_ready", "store": "timeout"}),
+        ),
+    }
+}
+
+/// `GET /metrics`: every metric of this process (Prometheus text format).
+#[utoipa::path(operation_id = "metrics", get, path = "/metrics", tag = "ops",
+    responses((status = 200, content_type = "text/plain", description = "Prometheus text format")))]
+pub(crate) fn metrics(state: &AppState) -> Resp {
+    zlink_redirect::error::metrics_text(state.metrics.render())
+}
