@@ -7,7 +7,7 @@ use crate::auth::Principal;
 use crate::error::ApiError;
 use http::Request;
 use zlink_store::domains::{Domain, DomainStatus};
-use zlink_wire::domain::{self, HostDomain};
+use zlink_wire::domain;
 
 /// A registration, read through a few seconds' cache (creates on a domain read it each time).
 pub(crate) async fn lookup(state: &AppState, name: &str) -> Result<Option<Domain>, ApiError> {
@@ -88,27 +88,30 @@ pub(crate) fn key_of_host<B>(state: &AppState, req: &Request<B>, slug: &str) -> 
         .headers()
         .get(http::header::HOST)
         .and_then(|h| h.to_str().ok());
-    match state.settings.hosts.domain_of(host) {
-        HostDomain::Default => Some(slug.to_string()),
-        HostDomain::Branded(d) => Some(domain::key(Some(&d), slug)),
-        HostDomain::Invalid => None,
-    }
+    state
+        .settings
+        .hosts
+        .key_of(host, slug)
+        .map(std::borrow::Cow::into_owned)
 }
 
+/// Suffixes of a destination host looked up at most: registered domains are short names, so
+/// the shortest suffixes are read first.
+const MAX_SUFFIXES: usize = 10;
+
 /// True when `host` (a destination's) is a registered branded domain or under one: a link to it
-/// would be a link to a link (SYSTEM.md invariant 13). Reads at most five names.
+/// would be a link to a link (SYSTEM.md invariant 13). Reads (through the cache) each suffix of
+/// two labels or more, shortest first, at most [`MAX_SUFFIXES`].
 pub(crate) async fn is_branded(state: &AppState, host: &str) -> Result<bool, ApiError> {
-    let mut name = host;
-    for _ in 0..5 {
-        if !domain::is_domain(name) {
-            return Ok(false);
-        }
-        if lookup(state, name).await?.is_some() {
+    if !domain::is_domain(host) {
+        return Ok(false);
+    }
+    let dots: Vec<usize> = host.match_indices('.').map(|(i, _)| i).collect();
+    // Suffix starts, shortest suffix first: after the second-to-last dot, ..., the whole name.
+    let starts = dots.iter().rev().skip(1).map(|i| i + 1).chain([0]);
+    for start in starts.take(MAX_SUFFIXES) {
+        if lookup(state, &host[start..]).await?.is_some() {
             return Ok(true);
-        }
-        match name.split_once('.') {
-            Some((_, parent)) if parent.contains('.') => name = parent,
-            _ => return Ok(false),
         }
     }
     Ok(false)

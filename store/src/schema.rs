@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 17);
+        assert_eq!(stmts.len(), 19);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -227,6 +227,24 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
         r.json::<Value>().await.unwrap()["error"]["code"],
         "destination_own_domain"
     );
+    // A name near DNS's 253-character limit: its memcached keys are hashed (over 250 bytes).
+    let long = format!(
+        "{}.{}.{}.{}.example",
+        "a".repeat(60),
+        "b".repeat(60),
+        "c".repeat(60),
+        "d".repeat(50)
+    );
+    let (s, _) = post(&p.base, "/api/v1/domains", &admin, json!({"domain": long})).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let long_url = "https://example.com/long";
+    let r = create(
+        &p.base,
+        &admin,
+        json!({"url": long_url, "slug": "promo", "domain": long}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
     let r = create(
         &p.base,
         &admin,
@@ -271,10 +289,12 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
         .collect();
     assert_eq!(slugs, HashSet::from(["promo", "gone"]), "{page}");
     // S3 keys: `<prefix><slug>` and `<prefix><domain>/<slug>`; the disabled one's tombstone.
+    let long_key = format!("{long}/promo");
     for key in [
         "promo",
         "go.brand.example/promo",
         ".gone/go.brand.example/gone",
+        &long_key,
     ] {
         assert!(
             eventually_ok(&infra.blob_url(&n.s3_prefix, key), Duration::from_secs(10)).await,
@@ -330,6 +350,7 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
         ("unknown.example", "promo", Want::NotFound),
         ("other.brand.example", "promo", Want::NotFound),
         (BRAND, "gone", Want::Gone),
+        (long.as_str(), "promo", Want::To(long_url.into())),
         (ip.as_str(), "gone", Want::NotFound),
     ];
 
