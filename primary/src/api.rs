@@ -326,19 +326,25 @@ pub(crate) async fn create_link(
         alias,
     };
     // Written before the change they announce (see `relay`): a crash after the insert leaves
-    // the outbox row, so the event is published whatever happens next.
-    if state.events.uses_outbox() {
-        state
-            .store
-            .outbox
-            .add(&OutboxRow::new(&new.slug, now, new.version))
-            .await?;
-    }
-    if let Some(exp) = new.expires_at_ms {
-        state.store.expiries.add(&new.slug, exp).await?;
-    }
-    // Before the link too: the owner's list never misses a link that exists.
-    state.store.links.index(&new).await?;
+    // the outbox row, so the event is published whatever happens next. The expiry entry and
+    // the owner's list entry before the link too (the list never misses a link that exists).
+    // The three are independent of each other: written concurrently, one round trip.
+    let outbox = async {
+        match state.events.uses_outbox() {
+            true => {
+                let row = OutboxRow::new(&new.slug, now, new.version);
+                state.store.outbox.add(&row).await
+            }
+            false => Ok(()),
+        }
+    };
+    let expiry = async {
+        match new.expires_at_ms {
+            Some(exp) => state.store.expiries.add(&new.slug, exp).await,
+            None => Ok(()),
+        }
+    };
+    tokio::try_join!(outbox, expiry, state.store.links.index(&new))?;
     if state.store.links.insert_if_absent(&new).await? {
         state.cache.forget_local(&new.slug).await;
         state
