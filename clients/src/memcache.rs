@@ -73,9 +73,12 @@ pub struct Memcache {
     breaker: Breaker,
 }
 
+/// Longest memcached key, bytes.
+pub const MAX_KEY_BYTES: usize = 250;
+
 /// memcached keys: 1..=250 bytes, no whitespace or control characters.
 pub fn is_valid_key(key: &str) -> bool {
-    !key.is_empty() && key.len() <= 250 && key.bytes().all(|b| b.is_ascii_graphic())
+    !key.is_empty() && key.len() <= MAX_KEY_BYTES && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
 impl Memcache {

@@ -47,7 +47,9 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
     let principal = writer(state, &req).await?;
     let body: RegisterRequest = read_json(req, state.settings.max_body_bytes).await?;
     let name = domain::normalize(&body.domain).map_err(invalid_domain)?;
-    if state.settings.hosts.is_default(&name) || state.destinations.is_own_domain(&name) {
+    // The own domains (host of --public-base-url, --short-domains) and their subdomains: a
+    // superset of the default domain's names that a normalised name can be.
+    if state.destinations.is_own_domain(&name) {
         return Err(invalid_domain(
             "this is one of the service's own short domains",
         ));

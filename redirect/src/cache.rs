@@ -158,9 +158,6 @@ impl Trusted for crate::Target {
     }
 }
 
-/// Longest memcached key.
-const MAX_MEMCACHED_KEY: usize = 250;
-
 /// The shared memcached in front of a tier's source of truth. Failures are counted and
 /// skipped, never returned: the next layer answers instead.
 pub struct Memcached {
@@ -190,7 +187,7 @@ impl Memcached {
     /// long branded domain) is its SHA-256 instead, still under the prefix (`#` is in no link key).
     pub fn key(&self, key: &str) -> String {
         let k = format!("{}{key}", self.prefix);
-        if k.len() <= MAX_MEMCACHED_KEY {
+        if k.len() <= zlink_clients::memcache::MAX_KEY_BYTES {
             return k;
         }
         format!(
