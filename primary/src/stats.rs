@@ -16,6 +16,12 @@ use zlink_wire::{slug, LinkStatus};
 /// Days listed one by one in the stats API.
 pub const RECENT_DAYS: i32 = 30;
 
+/// The first day a link's clicks can be on: the day before it was created (clicks carry the
+/// frontend's clock, which may be a little behind this one's).
+fn since_day(link: &zlink_store::links::Link) -> i32 {
+    day_of(link.created_at_ms).saturating_sub(1)
+}
+
 async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
     state
         .clicks
@@ -37,7 +43,10 @@ async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
 pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
     let link = load_managed(state, &principal, slug, false).await?;
-    let stats = click_store(state).await?.link_stats(&link.slug).await?;
+    let stats = click_store(state)
+        .await?
+        .link_stats(&link.slug, since_day(&link))
+        .await?;
     let today = day_of(state.clock.now_ms());
     let (domain, slug) = zlink_wire::domain::split(&link.slug);
     let mut body = stats.to_json(slug, today, RECENT_DAYS);
@@ -73,7 +82,7 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
         .info_totals
         .try_get_with(link.slug.clone(), async {
             store
-                .link_stats(&link.slug)
+                .link_stats(&link.slug, since_day(&link))
                 .await
                 .map(|s| (s.total, s.humans()))
         })

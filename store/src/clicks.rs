@@ -12,8 +12,9 @@
 //! can only write values that are right for their offset, and the furthest offset wins.
 
 use crate::db::{self as store, Db, StoreError};
+use scylla::response::query_result::QueryResult;
 use scylla::statement::prepared::PreparedStatement;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier};
 
@@ -44,6 +45,27 @@ pub const ROLLUP_AFTER_DAYS: i32 = 3;
 /// many days old or more. Less than [`ROLLUP_AFTER_DAYS`]: every click of a month that may have
 /// a roll-up is late, even with the counter's clock a day behind the reader's.
 pub const LATE_DAYS: i32 = 2;
+/// 2020-01-01: the counter takes no click older than this, so no stats read looks further back.
+pub const FIRST_CLICK_DAY: i32 = 18_262;
+/// Partitions per day of `click_sums` (and per month of `click_index`): a batch of clicks costs
+/// one write per (day, bucket) it touches however many links it has. Part of the schema: a
+/// link's rows are found by [`bucket_of`] its slug, so changing it needs new tables.
+pub const BUCKETS: i32 = 32;
+/// The `cursors` row naming the last day that may have `click_totals` rows (written by the
+/// migration that added `click_sums`: the day after it ran if `click_totals` had rows, else -1).
+pub const LEGACY_UNTIL: &str = "click_totals_until";
+
+/// The bucket of a link's click rows: FNV-1a (32 bit) of the slug's bytes mod [`BUCKETS`]
+/// (stable across builds and platforms, unlike std's hasher).
+pub fn bucket_of(slug: &str) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in slug.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % BUCKETS as u32) as i32
+}
+
 /// A roll-up is written with a timestamp this far before its reads began, so that the
 /// counter's delete of it wins also against a reader whose clock is ahead by up to this much.
 pub const ROLLUP_CLOCK_MARGIN_US: i64 = 10_000_000;
@@ -226,6 +248,13 @@ impl DayCounts {
             }
         }
         changed
+    }
+
+    /// Adds another set of counts of the same (link, day) (another table's rows).
+    pub fn merge(&mut self, other: DayCounts) {
+        for (key, n) in other.rows {
+            *self.rows.entry(key).or_insert(0) += n;
+        }
     }
 
     /// `key` if it has a row already or there is room for one more of `kind` (`seen` of the
@@ -413,15 +442,20 @@ pub struct ClickStore {
     db: Arc<Db>,
     read_legacy_day: PreparedStatement,
     read_day: PreparedStatement,
-    read_source_day: PreparedStatement,
-    write_source_day: PreparedStatement,
+    read_legacy_upto: PreparedStatement,
+    read_sums_day: PreparedStatement,
+    read_sums: PreparedStatement,
+    write_sum: PreparedStatement,
     read_seen: PreparedStatement,
     write_seen: PreparedStatement,
-    add_day: PreparedStatement,
+    add_index: PreparedStatement,
+    list_index: PreparedStatement,
     list_days: PreparedStatement,
     read_months: PreparedStatement,
     write_month: PreparedStatement,
     drop_month: PreparedStatement,
+    /// The last day that may have `click_totals` rows (see [`LEGACY_UNTIL`]).
+    legacy_until: i32,
     /// How far before its reads a roll-up is timestamped ([`ROLLUP_CLOCK_MARGIN_US`]).
     rollup_margin_us: i64,
 }
@@ -435,6 +469,18 @@ pub struct StatsReads {
     pub rollups_used: usize,
     /// Month roll-ups written by this read.
     pub rollups_written: usize,
+}
+
+/// Adds the `n` maps of `res` (rows of one column, `n`) to `out`.
+fn add_cells(out: &mut DayCounts, res: QueryResult) -> Result<(), StoreError> {
+    for (cells,) in store::all::<(Option<HashMap<String, i64>>,)>(res)? {
+        for (name, n) in cells.unwrap_or_default() {
+            if let Some(row) = parse_cell(&name) {
+                *out.rows.entry(row).or_insert(0) += n;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Microseconds since 1970 by this machine's clock: the timestamps of roll-ups and of their
@@ -458,6 +504,17 @@ impl ClickStore {
         .await?;
         // Rows of up to 64 KiB: pages of 2 MiB at most.
         read_seen.set_page_size(32);
+        let legacy_until = session
+            .query_unpaged(
+                "SELECT position FROM cursors WHERE name = ?",
+                (LEGACY_UNTIL,),
+            )
+            .await
+            .map_err(store::unavailable)?;
+        // No marker: a store not migrated since click_sums came; any day may have old rows.
+        let legacy_until = store::first::<(Option<i64>,)>(legacy_until)?
+            .and_then(|(p,)| p)
+            .map_or(i32::MAX, |p| p.clamp(-1, i64::from(i32::MAX)) as i32);
         Ok(ClickStore {
             read_legacy_day: prep(
                 "SELECT kind, key, n FROM click_counts \
@@ -470,15 +527,26 @@ impl ClickStore {
                 true,
             )
             .await?,
-            read_source_day: prep(
-                "SELECT upto, n FROM click_totals WHERE slug = ? AND day = ? AND src = ?",
+            read_legacy_upto: prep(
+                "SELECT slug, upto FROM click_totals WHERE slug IN ? AND day = ? AND src = ?",
+                true,
+            )
+            .await?,
+            read_sums_day: prep(
+                "SELECT n FROM click_sums WHERE day = ? AND bucket = ? AND slug = ?",
+                true,
+            )
+            .await?,
+            read_sums: prep(
+                "SELECT slug, upto, n FROM click_sums \
+                 WHERE day = ? AND bucket = ? AND slug IN ? AND src = ?",
                 true,
             )
             .await?,
             // Absolute values at a fixed timestamp: retrying it is harmless.
-            write_source_day: prep(
-                "UPDATE click_totals USING TIMESTAMP ? SET upto = ?, n = n + ? \
-                 WHERE slug = ? AND day = ? AND src = ?",
+            write_sum: prep(
+                "UPDATE click_sums USING TIMESTAMP ? SET upto = ?, n = n + ? \
+                 WHERE day = ? AND bucket = ? AND slug = ? AND src = ?",
                 true,
             )
             .await?,
@@ -489,7 +557,16 @@ impl ClickStore {
                 true,
             )
             .await?,
-            add_day: prep("INSERT INTO click_days (slug, day) VALUES (?, ?)", true).await?,
+            add_index: prep(
+                "INSERT INTO click_index (month, bucket, slug, day) VALUES (?, ?, ?, ?)",
+                true,
+            )
+            .await?,
+            list_index: prep(
+                "SELECT day FROM click_index WHERE month = ? AND bucket = ? AND slug = ?",
+                true,
+            )
+            .await?,
             list_days: prep("SELECT day FROM click_days WHERE slug = ?", true).await?,
             read_months: prep("SELECT month, n FROM click_months WHERE slug = ?", true).await?,
             write_month: prep(
@@ -502,6 +579,7 @@ impl ClickStore {
                 true,
             )
             .await?,
+            legacy_until,
             rollup_margin_us: ROLLUP_CLOCK_MARGIN_US,
             db,
         })
@@ -515,9 +593,9 @@ impl ClickStore {
         self
     }
 
-    /// The count rows of one (link, day): every source's, plus what the counter before
-    /// `click_totals` stored in `click_counts`.
-    pub async fn day_counts(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
+    /// The count rows of one (link, day) in the tables before `click_sums`: `click_totals`
+    /// (every source's row) and `click_counts`.
+    async fn legacy_day_counts(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
         let session = self.db.session();
         let (legacy, current) = tokio::join!(
             session.execute_unpaged(&self.read_legacy_day, (slug, day)),
@@ -529,27 +607,53 @@ impl ClickStore {
         {
             *out.rows.entry((kind, key)).or_insert(0) += n.unwrap_or(0);
         }
-        for (cells,) in
-            store::all::<(Option<HashMap<String, i64>>,)>(current.map_err(store::unavailable)?)?
-        {
-            for (name, n) in cells.unwrap_or_default() {
-                if let Some(row) = parse_cell(&name) {
-                    *out.rows.entry(row).or_insert(0) += n;
-                }
-            }
-        }
+        add_cells(&mut out, current.map_err(store::unavailable)?)?;
         Ok(out)
     }
 
-    /// Every click of `slug`, summed.
-    pub async fn link_stats(self: &Arc<Self>, slug: &str) -> Result<LinkStats, StoreError> {
-        Ok(self.read_link_stats(slug).await?.0)
+    /// The count rows of one (link, day) in `click_sums`: every source's row.
+    async fn sums_day(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
+        let res = self
+            .db
+            .session()
+            .execute_unpaged(&self.read_sums_day, (day, bucket_of(slug), slug))
+            .await
+            .map_err(store::unavailable)?;
+        let mut out = DayCounts::default();
+        add_cells(&mut out, res)?;
+        Ok(out)
     }
 
-    /// Every click of `slug`, summed: the roll-up of each closed month that has one, the days
-    /// of every other month (read 16 at a time). A closed month read day by day gets its
-    /// roll-up written, so the next read of it is one row: a link with years of clicks costs
-    /// the list of its days, its roll-ups and the days of the last month or two.
+    /// The days of `month` on which `slug` has `click_sums` rows.
+    async fn index_days(&self, slug: &str, month: i32) -> Result<Vec<i32>, StoreError> {
+        let res = self
+            .db
+            .session()
+            .execute_unpaged(&self.list_index, (month, bucket_of(slug), slug))
+            .await
+            .map_err(store::unavailable)?;
+        Ok(store::all::<(i32,)>(res)?
+            .into_iter()
+            .map(|(d,)| d)
+            .collect())
+    }
+
+    /// Every click of `slug` on `since_day` or later (the day before the link was created
+    /// will do: a link has no clicks before it exists), summed.
+    pub async fn link_stats(
+        self: &Arc<Self>,
+        slug: &str,
+        since_day: i32,
+    ) -> Result<LinkStats, StoreError> {
+        Ok(self.read_link_stats(slug, since_day).await?.0)
+    }
+
+    /// Every click of `slug` from `since_day` on, summed: the roll-up of each closed month that
+    /// has one, the days of every other month (listed from `click_index`, a read per month;
+    /// read 16 at a time). A closed month read day by day gets its roll-up written (an empty
+    /// one for a month without clicks), so the next read of it is one row: a link with years
+    /// of clicks costs its roll-ups and the days of the last month or two. Days counted before
+    /// `click_sums` (`click_days`) are read whatever `since_day` says.
     ///
     /// A roll-up is only as old as its reads: it is written with the timestamp of the moment
     /// before the reads began (less a clock margin, [`ROLLUP_CLOCK_MARGIN_US`]), and the counter deletes it,
@@ -558,18 +662,22 @@ impl ClickStore {
     pub async fn read_link_stats(
         self: &Arc<Self>,
         slug: &str,
+        since_day: i32,
     ) -> Result<(LinkStats, StatsReads), StoreError> {
         let started_us = now_us();
         let today = day_of(started_us.div_euclid(1000));
+        let this_month = month_of_day(today);
+        let first_month = month_of_day(since_day.max(FIRST_CLICK_DAY)).min(this_month);
         let session = self.db.session();
-        let (days, months) = tokio::join!(
+        let (legacy_days, months) = tokio::join!(
             session.execute_unpaged(&self.list_days, (slug,)),
             session.execute_unpaged(&self.read_months, (slug,)),
         );
-        let days: Vec<i32> = store::all::<(i32,)>(days.map_err(store::unavailable)?)?
-            .into_iter()
-            .map(|(d,)| d)
-            .collect();
+        let legacy_days: BTreeSet<i32> =
+            store::all::<(i32,)>(legacy_days.map_err(store::unavailable)?)?
+                .into_iter()
+                .map(|(d,)| d)
+                .collect();
         let mut rollups: BTreeMap<i32, BTreeMap<RowKey, i64>> = BTreeMap::new();
         for (month, cells) in
             store::all::<(i32, Option<HashMap<String, i64>>)>(months.map_err(store::unavailable)?)?
@@ -591,25 +699,59 @@ impl ClickStore {
         for rows in rollups.values() {
             stats.merge_rollup(rows);
         }
-        let days: Vec<i32> = days
-            .into_iter()
-            .filter(|d| !rollups.contains_key(&month_of_day(*d)))
+        let listed: Vec<i32> = (first_month..=this_month)
+            .filter(|m| !rollups.contains_key(m))
             .collect();
+        let mut days: BTreeMap<i32, (bool, bool)> = BTreeMap::new();
+        for group in listed.chunks(16) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for &month in group {
+                let (this, slug) = (self.clone(), slug.to_string());
+                tasks.spawn(async move { this.index_days(&slug, month).await });
+            }
+            while let Some(r) = tasks.join_next().await {
+                for day in
+                    r.map_err(|e| StoreError::Unavailable(format!("stats read task: {e}")))??
+                {
+                    days.entry(day).or_default().1 = true;
+                }
+            }
+        }
+        for &day in &legacy_days {
+            if !rollups.contains_key(&month_of_day(day)) {
+                days.entry(day).or_default().0 = true;
+            }
+        }
         reads.days = days.len();
         let mut read: BTreeMap<i32, DayCounts> = BTreeMap::new();
+        let days: Vec<(i32, (bool, bool))> = days.into_iter().collect();
         for group in days.chunks(16) {
             let mut tasks = tokio::task::JoinSet::new();
-            for &day in group {
+            for &(day, (legacy, current)) in group {
                 let (this, slug) = (self.clone(), slug.to_string());
-                tasks.spawn(async move { (day, this.day_counts(&slug, day).await) });
+                tasks.spawn(async move {
+                    let mut counts = DayCounts::default();
+                    if legacy {
+                        counts.merge(this.legacy_day_counts(&slug, day).await?);
+                    }
+                    if current {
+                        counts.merge(this.sums_day(&slug, day).await?);
+                    }
+                    Ok::<_, StoreError>((day, counts))
+                });
             }
             while let Some(r) = tasks.join_next().await {
                 let (day, counts) =
-                    r.map_err(|e| StoreError::Unavailable(format!("stats read task: {e}")))?;
-                read.insert(day, counts?);
+                    r.map_err(|e| StoreError::Unavailable(format!("stats read task: {e}")))??;
+                read.insert(day, counts);
             }
         }
-        let mut closed: BTreeMap<i32, Vec<(i32, &Cells)>> = BTreeMap::new();
+        // Every closed month these reads covered whole gets its roll-up, with no days too.
+        let mut closed: BTreeMap<i32, Vec<(i32, &Cells)>> = listed
+            .iter()
+            .filter(|m| month_closed(**m, today))
+            .map(|m| (*m, Vec::new()))
+            .collect();
         for (day, counts) in &read {
             stats.merge_day(*day, &counts.rows);
             let month = month_of_day(*day);

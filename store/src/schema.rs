@@ -112,6 +112,25 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
         )
         .await
         .map_err(unavailable)?;
+    // Counters from this schema on write click_sums. One from before it (still running during
+    // a rolling upgrade, for up to a day) writes click_totals rows for clicks up to a day ahead:
+    // the new counter reads their offsets for days up to two days from now. A store without
+    // click_totals rows has none to read.
+    let legacy = session
+        .query_unpaged("SELECT slug FROM click_totals LIMIT 1", &[])
+        .await
+        .map_err(unavailable)?;
+    let until = match first::<(String,)>(legacy)? {
+        Some(_) => i64::from(crate::clicks::day_of(now_ms)) + 2,
+        None => -1,
+    };
+    session
+        .query_unpaged(
+            "INSERT INTO cursors (name, position) VALUES (?, ?) IF NOT EXISTS",
+            (crate::clicks::LEGACY_UNTIL, until),
+        )
+        .await
+        .map_err(unavailable)?;
     Ok(())
 }
 
@@ -186,7 +205,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 19);
+        assert_eq!(stmts.len(), 21);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -5,18 +5,24 @@
 //! on first use: per (link, day) the absolute counts and `upto` (the offset of the newest click
 //! they include), and per minute of click time the ids already counted. A batch is decided in
 //! memory ([`SourceState::plan`]), then written: the new ids first (`click_seen`, one row per
-//! minute and up to 2,048 ids, each with its offset), then the days (`click_days`), then every changed (link, day)
-//! as one row write carrying `upto` and using it as the write timestamp (`click_totals`). Only
-//! then does the caller store the batch's offsets.
+//! minute and up to 2,048 ids, each with its offset), then the days new to the index
+//! (`click_index`), then every changed (link, day) as one row carrying `upto` and using it as
+//! the write timestamp (`click_sums`). Rows of one partition ((day, bucket) for the counts,
+//! (month, bucket) for the index; see [`super::bucket_of`]) go as one single-partition
+//! unlogged batch, so a batch of 5,000 clicks over 5,000 links costs about a hundred writes,
+//! not 5,000; state missing from memory is read the same way (one read per partition and up to
+//! 100 links). Only then does the caller store the batch's offsets.
 //!
 //! A batch that does not start where the last one ended (a rebalance moved the source away and
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
 //! the next one reloads what the store has.
 
 use super::{
-    cell_name, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts, RowKey,
+    bucket_of, cell_name, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts,
+    RowKey,
 };
 use crate::db::{self as store, StoreError};
+use scylla::statement::batch::{Batch, BatchType};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -28,6 +34,10 @@ pub const MINUTE_MS: i64 = 60_000;
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
 const RECORD: usize = 24;
+/// Slugs per read of one `click_sums` partition (`slug IN ?`).
+const SLUGS_PER_READ: usize = 100;
+/// Rows per single-partition batch of `click_sums` or `click_index` writes.
+const ROWS_PER_BATCH: usize = 128;
 
 /// Minutes since 1970-01-01 (UTC) of a time in milliseconds: the dedup index's bucket.
 pub fn minute_of(ms: i64) -> i64 {
@@ -114,8 +124,7 @@ impl SourceState {
         !self.buckets.contains_key(&minute)
     }
 
-    fn insert_key(&mut self, k: Key, upto: i64, counts: DayCounts) {
-        let listed = !counts.rows.is_empty();
+    fn insert_key(&mut self, k: Key, upto: i64, counts: DayCounts, listed: bool) {
         self.keys.insert(
             k,
             KeyState {
@@ -306,7 +315,7 @@ impl SourceCounter {
         let refs: Vec<(i64, &ClickEvent)> = events.iter().map(|(o, e)| (*o, e)).collect();
         let plan = self.state.plan(&refs);
         self.write_ids(&plan.ids).await?;
-        self.write_days(&plan.writes).await?;
+        self.write_index(&plan.writes).await?;
         let failpoint = self.fail_after_writes.take();
         self.write_counts(&plan.writes, failpoint).await?;
         self.drop_rollups(events).await?;
@@ -322,25 +331,30 @@ impl SourceCounter {
         })
     }
 
-    /// Reads the state of every (link, day) and minute the batch touches and memory lacks.
+    /// Reads the state of every (link, day) and minute the batch touches and memory lacks: a
+    /// read per minute, and per (day, bucket) one read of up to [`SLUGS_PER_READ`] links.
     async fn load(&mut self, events: &[(i64, ClickEvent)]) -> Result<(), StoreError> {
-        let mut keys: HashSet<Key> = HashSet::new();
+        let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
         let mut minutes: HashSet<i64> = HashSet::new();
         for (_, e) in events {
             let k = (e.slug.clone(), day_of(e.at_ms));
             if self.state.key_missing(&k) {
-                keys.insert(k);
+                keys.entry((k.1, bucket_of(&k.0))).or_default().insert(k.0);
             }
             let m = minute_of(e.at_ms);
             if self.state.bucket_missing(m) {
                 minutes.insert(m);
             }
         }
+        let mut work: Vec<Load> = minutes.into_iter().map(Load::Minute).collect();
+        for ((day, bucket), slugs) in keys {
+            let slugs: Vec<String> = slugs.into_iter().collect();
+            for chunk in slugs.chunks(SLUGS_PER_READ) {
+                work.push(Load::Keys(day, bucket, chunk.to_vec()));
+            }
+        }
         let mut running = JoinSet::new();
-        let mut work = minutes
-            .into_iter()
-            .map(Load::Minute)
-            .chain(keys.into_iter().map(Load::Key));
+        let mut work = work.into_iter();
         loop {
             while running.len() < self.limits.concurrency {
                 let Some(item) = work.next() else { break };
@@ -351,7 +365,11 @@ impl SourceCounter {
                 return Ok(());
             };
             match done.map_err(|e| StoreError::Unavailable(format!("click load task: {e}")))?? {
-                Loaded::Key(k, upto, counts) => self.state.insert_key(k, upto, counts),
+                Loaded::Keys(found) => {
+                    for (k, upto, counts, listed) in found {
+                        self.state.insert_key(k, upto, counts, listed);
+                    }
+                }
                 Loaded::Minute(m, ids) => self.state.insert_bucket(m, ids),
             }
         }
@@ -387,21 +405,30 @@ impl SourceCounter {
     }
 
     /// Before any count of a (link, day) exists: a reader may list a day without counts
-    /// (zero), never have counts it cannot find.
-    async fn write_days(
+    /// (zero), never have counts it cannot find. One batch per (month, bucket).
+    async fn write_index(
         &self,
         writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
     ) -> Result<(), StoreError> {
-        let days: Vec<Key> = writes
+        type Row = (i32, i32, String, i32);
+        let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
+        for (slug, day) in writes
             .keys()
             .filter(|k| !self.state.keys.get(*k).is_some_and(|s| s.listed))
-            .cloned()
-            .collect();
-        self.run_all(days, |store, (slug, day)| async move {
+        {
+            let (month, bucket) = (month_of_day(*day), bucket_of(slug));
+            parts
+                .entry((month, bucket))
+                .or_default()
+                .push((month, bucket, slug.clone(), *day));
+        }
+        let batches = chunked(parts);
+        self.run_all(batches, |store, rows| async move {
+            let batch = batch_of(&store.add_index, rows.len());
             store
                 .db
                 .session()
-                .execute_unpaged(&store.add_day, (slug, day))
+                .batch(&batch, rows)
                 .await
                 .map(drop)
                 .map_err(store::unavailable)
@@ -409,40 +436,39 @@ impl SourceCounter {
         .await
     }
 
+    /// Every changed (link, day)'s row, one single-partition batch per (day, bucket) (up to
+    /// [`ROWS_PER_BATCH`] rows each).
     async fn write_counts(
         &self,
         writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
         failpoint: Option<usize>,
     ) -> Result<(), StoreError> {
-        let mut rows: Vec<(Key, i64, HashMap<String, i64>)> = writes
-            .iter()
-            .map(|(k, (upto, changed))| {
-                (
-                    k.clone(),
-                    *upto,
-                    changed.iter().map(|(r, n)| (cell_name(r), *n)).collect(),
-                )
-            })
-            .collect();
-        let failpoint = failpoint.filter(|n| *n < rows.len());
-        if let Some(n) = failpoint {
-            rows.truncate(n);
+        type Row = (i64, i64, HashMap<String, i64>, i32, i32, String, String);
+        let failpoint = failpoint.filter(|n| *n < writes.len());
+        let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
+        for ((slug, day), (upto, changed)) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+            let bucket = bucket_of(slug);
+            let cells = changed.iter().map(|(r, n)| (cell_name(r), *n)).collect();
+            parts.entry((*day, bucket)).or_default().push((
+                upto + 1,
+                *upto,
+                cells,
+                *day,
+                bucket,
+                slug.clone(),
+                self.src.clone(),
+            ));
         }
-        let src = self.src.clone();
-        self.run_all(rows, move |store, ((slug, day), upto, cells)| {
-            let src = src.clone();
-            async move {
-                store
-                    .db
-                    .session()
-                    .execute_unpaged(
-                        &store.write_source_day,
-                        (upto + 1, upto, cells, slug, day, src),
-                    )
-                    .await
-                    .map(drop)
-                    .map_err(store::unavailable)
-            }
+        let batches = chunked(parts);
+        self.run_all(batches, |store, rows| async move {
+            let batch = batch_of(&store.write_sum, rows.len());
+            store
+                .db
+                .session()
+                .batch(&batch, rows)
+                .await
+                .map(drop)
+                .map_err(store::unavailable)
         })
         .await?;
         match failpoint {
@@ -501,13 +527,42 @@ impl SourceCounter {
     }
 }
 
+/// Each partition's rows in chunks of at most [`ROWS_PER_BATCH`].
+fn chunked<K, R>(parts: BTreeMap<K, Vec<R>>) -> Vec<Vec<R>> {
+    let mut out = Vec::new();
+    for (_, mut rows) in parts {
+        while rows.len() > ROWS_PER_BATCH {
+            let rest = rows.split_off(ROWS_PER_BATCH);
+            out.push(std::mem::replace(&mut rows, rest));
+        }
+        out.push(rows);
+    }
+    out
+}
+
+/// An unlogged batch of `n` executions of `stmt` (rows of one partition: applied as one
+/// mutation). Idempotent: every statement it is made of is.
+fn batch_of(stmt: &scylla::statement::prepared::PreparedStatement, n: usize) -> Batch {
+    let mut batch = Batch::new(BatchType::Unlogged);
+    for _ in 0..n {
+        batch.append_statement(stmt.clone());
+    }
+    batch.set_is_idempotent(true);
+    batch
+}
+
 enum Load {
-    Key(Key),
+    /// Links of one (day, bucket).
+    Keys(i32, i32, Vec<String>),
     Minute(i64),
 }
 
+/// A (link, day)'s state: the key, `upto`, the counts in `click_sums`, and whether
+/// `click_index` lists it.
+type LoadedKey = (Key, i64, DayCounts, bool);
+
 enum Loaded {
-    Key(Key, i64, DayCounts),
+    Keys(Vec<LoadedKey>),
     Minute(i64, HashMap<Uuid, i64>),
 }
 
@@ -515,20 +570,53 @@ impl Load {
     async fn run(self, store: &ClickStore, src: &str) -> Result<Loaded, StoreError> {
         let session = store.db.session();
         match self {
-            Load::Key((slug, day)) => {
-                let res = session
-                    .execute_unpaged(&store.read_source_day, (&slug, day, src))
-                    .await
-                    .map_err(store::unavailable)?;
-                let row = store::first::<(Option<i64>, Option<HashMap<String, i64>>)>(res)?;
-                let (upto, cells) = row.unwrap_or((None, None));
-                let mut counts = DayCounts::default();
-                for (name, n) in cells.unwrap_or_default() {
-                    if let Some(r) = super::parse_cell(&name) {
-                        counts.rows.insert(r, n);
+            Load::Keys(day, bucket, slugs) => {
+                let legacy = async {
+                    if day > store.legacy_until {
+                        return Ok(HashMap::new());
                     }
+                    let res = session
+                        .execute_unpaged(&store.read_legacy_upto, (&slugs, day, src))
+                        .await
+                        .map_err(store::unavailable)?;
+                    Ok::<_, StoreError>(
+                        store::all::<(String, Option<i64>)>(res)?
+                            .into_iter()
+                            .filter_map(|(slug, upto)| Some((slug, upto?)))
+                            .collect::<HashMap<String, i64>>(),
+                    )
+                };
+                let current = session.execute_unpaged(&store.read_sums, (day, bucket, &slugs, src));
+                let (legacy, current) = tokio::join!(legacy, current);
+                let legacy = legacy?;
+                let mut rows: HashMap<String, (i64, DayCounts)> = HashMap::new();
+                for (slug, upto, cells) in
+                    store::all::<(String, Option<i64>, Option<HashMap<String, i64>>)>(
+                        current.map_err(store::unavailable)?,
+                    )?
+                {
+                    let mut counts = DayCounts::default();
+                    for (name, n) in cells.unwrap_or_default() {
+                        if let Some(r) = super::parse_cell(&name) {
+                            counts.rows.insert(r, n);
+                        }
+                    }
+                    rows.insert(slug, (upto.unwrap_or(-1), counts));
                 }
-                Ok(Loaded::Key((slug, day), upto.unwrap_or(-1), counts))
+                let found = slugs
+                    .into_iter()
+                    .map(|slug| {
+                        // A row of click_totals holds the clicks up to its upto; this source's
+                        // click_sums row only those after it.
+                        let before = legacy.get(&slug).copied().unwrap_or(-1);
+                        let (upto, counts, listed) = match rows.remove(&slug) {
+                            Some((upto, counts)) => (upto.max(before), counts, true),
+                            None => (before, DayCounts::default(), false),
+                        };
+                        ((slug, day), upto, counts, listed)
+                    })
+                    .collect();
+                Ok(Loaded::Keys(found))
             }
             Load::Minute(minute) => {
                 let mut ids: HashMap<Uuid, i64> = HashMap::new();
@@ -588,7 +676,7 @@ mod tests {
         for (_, e) in events {
             let k = (e.slug.clone(), day_of(e.at_ms));
             if s.key_missing(&k) {
-                s.insert_key(k, -1, DayCounts::default());
+                s.insert_key(k, -1, DayCounts::default(), false);
             }
             if s.bucket_missing(minute_of(e.at_ms)) {
                 s.insert_bucket(minute_of(e.at_ms), HashMap::new());
