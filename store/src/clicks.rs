@@ -250,6 +250,42 @@ impl DayCounts {
         changed
     }
 
+    /// The counts as a `click_sums.n` blob: per row, `<kind>:<key>` (u16 big-endian length,
+    /// UTF-8) and its count (i64 big-endian), in row order. One cell however many rows, so a
+    /// write of it costs the store one cell, not one per row.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.rows.len() * 32);
+        for (row, n) in &self.rows {
+            let name = cell_name(row);
+            let len = name.len().min(usize::from(u16::MAX));
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+            out.extend_from_slice(&name.as_bytes()[..len]);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        out
+    }
+
+    /// The counts of a `click_sums.n` blob ([`DayCounts::encode`]); reading stops at the first
+    /// record that is cut short or not UTF-8, and names no rule writes are skipped.
+    pub fn decode(mut b: &[u8]) -> DayCounts {
+        let mut out = DayCounts::default();
+        while b.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
+            let Some(rec) = b.get(2..2 + len + 8) else {
+                break;
+            };
+            let Ok(name) = std::str::from_utf8(&rec[..len]) else {
+                break;
+            };
+            let n = i64::from_be_bytes(rec[len..].try_into().expect("8 bytes"));
+            if let Some(row) = parse_cell(name) {
+                *out.rows.entry(row).or_insert(0) += n;
+            }
+            b = &b[2 + len + 8..];
+        }
+        out
+    }
+
     /// Adds another set of counts of the same (link, day) (another table's rows).
     pub fn merge(&mut self, other: DayCounts) {
         for (key, n) in other.rows {
@@ -545,7 +581,7 @@ impl ClickStore {
             .await?,
             // Absolute values at a fixed timestamp: retrying it is harmless.
             write_sum: prep(
-                "UPDATE click_sums USING TIMESTAMP ? SET upto = ?, n = n + ? \
+                "UPDATE click_sums USING TIMESTAMP ? SET upto = ?, n = ? \
                  WHERE day = ? AND bucket = ? AND slug = ? AND src = ?",
                 true,
             )
@@ -620,7 +656,9 @@ impl ClickStore {
             .await
             .map_err(store::unavailable)?;
         let mut out = DayCounts::default();
-        add_cells(&mut out, res)?;
+        for (blob,) in store::all::<(Option<Vec<u8>>,)>(res)? {
+            out.merge(DayCounts::decode(&blob.unwrap_or_default()));
+        }
         Ok(out)
     }
 

@@ -283,3 +283,39 @@ fn a_rollup_keeps_the_most_clicked_referrers_and_sums_the_rest() {
         assert_eq!(referrers[format!("r{day}-0.example").as_str()], 5);
     }
 }
+
+#[test]
+fn a_rows_blob_decodes_to_its_counts_and_a_cut_one_to_its_whole_records() {
+    let mut d = DayCounts::default();
+    d.add(&[
+        &ev(
+            Tier::Primary,
+            AgentClass::Browser,
+            Some("https://[::1]:8/x"),
+        ),
+        &ev(Tier::Lastresort, AgentClass::Bot, None),
+    ]);
+    let blob = d.encode();
+    assert_eq!(DayCounts::decode(&blob), d);
+    assert_eq!(DayCounts::decode(&[]), DayCounts::default());
+    // Cut inside the last record: every record before it, nothing invented.
+    let cut = DayCounts::decode(&blob[..blob.len() - 3]);
+    assert_eq!(cut.rows.len(), d.rows.len() - 1);
+    assert!(cut.rows.iter().all(|(k, n)| d.rows.get(k) == Some(n)));
+    // A length running past the end, and a name no rule writes.
+    assert_eq!(DayCounts::decode(&[0xff, 0xff, b'c']), DayCounts::default());
+    let mut odd = vec![0, 3];
+    odd.extend_from_slice(b"x:y");
+    odd.extend_from_slice(&7i64.to_be_bytes());
+    assert_eq!(DayCounts::decode(&odd), DayCounts::default());
+}
+
+#[test]
+fn buckets_are_stable_and_in_range() {
+    // FNV-1a 32 of "" is 0x811c9dc5, of "a" 0xe40c292c: fixed forever (rows are found by it).
+    assert_eq!(bucket_of(""), (0x811c_9dc5u32 % BUCKETS as u32) as i32);
+    assert_eq!(bucket_of("a"), (0xe40c_292cu32 % BUCKETS as u32) as i32);
+    for s in ["abc", "brand.example/x", "ZZZZZZZZ"] {
+        assert!((0..BUCKETS).contains(&bucket_of(s)));
+    }
+}

@@ -18,8 +18,7 @@
 //! the next one reloads what the store has.
 
 use super::{
-    bucket_of, cell_name, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts,
-    RowKey,
+    bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts, RowKey,
 };
 use crate::db::{self as store, StoreError};
 use scylla::statement::batch::{Batch, BatchType};
@@ -443,16 +442,22 @@ impl SourceCounter {
         writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
         failpoint: Option<usize>,
     ) -> Result<(), StoreError> {
-        type Row = (i64, i64, HashMap<String, i64>, i32, i32, String, String);
+        type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
         let failpoint = failpoint.filter(|n| *n < writes.len());
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
-        for ((slug, day), (upto, changed)) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+        for ((slug, day), (upto, _)) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
             let bucket = bucket_of(slug);
-            let cells = changed.iter().map(|(r, n)| (cell_name(r), *n)).collect();
+            // The whole (link, day) as of `upto`: what `plan` left in memory.
+            let counts = self
+                .state
+                .keys
+                .get(&(slug.clone(), *day))
+                .map(|k| k.counts.encode())
+                .unwrap_or_default();
             parts.entry((*day, bucket)).or_default().push((
                 upto + 1,
                 *upto,
-                cells,
+                counts,
                 *day,
                 bucket,
                 slug.clone(),
@@ -590,17 +595,10 @@ impl Load {
                 let (legacy, current) = tokio::join!(legacy, current);
                 let legacy = legacy?;
                 let mut rows: HashMap<String, (i64, DayCounts)> = HashMap::new();
-                for (slug, upto, cells) in
-                    store::all::<(String, Option<i64>, Option<HashMap<String, i64>>)>(
-                        current.map_err(store::unavailable)?,
-                    )?
-                {
-                    let mut counts = DayCounts::default();
-                    for (name, n) in cells.unwrap_or_default() {
-                        if let Some(r) = super::parse_cell(&name) {
-                            counts.rows.insert(r, n);
-                        }
-                    }
+                for (slug, upto, blob) in store::all::<(String, Option<i64>, Option<Vec<u8>>)>(
+                    current.map_err(store::unavailable)?,
+                )? {
+                    let counts = DayCounts::decode(&blob.unwrap_or_default());
                     rows.insert(slug, (upto.unwrap_or(-1), counts));
                 }
                 let found = slugs

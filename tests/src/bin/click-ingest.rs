@@ -29,6 +29,10 @@ struct Args {
     /// 100), so that only this run's events are counted in its time; fail if it does not.
     #[arg(long, default_value_t = 0)]
     settle_seconds: u64,
+    /// The links' slug prefix (default: new for every run, so every link starts cold); the
+    /// same prefix again measures links whose state the counter already holds.
+    #[arg(long)]
+    prefix: Option<String>,
 }
 
 async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
@@ -73,7 +77,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let counted = r#"zlink_clicks_events_total{outcome="counted"}"#;
     let base = metric(&http, &metrics, counted).await.unwrap_or(0.0);
-    let run = uuid::Uuid::new_v4().simple().to_string();
+    let run = a
+        .prefix
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()[..8].to_string());
     let producer: FutureProducer = rdkafka::config::ClientConfig::new()
         .set("bootstrap.servers", &a.kafka)
         .set("enable.idempotence", "true")
@@ -91,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
                 let ev = ClickEvent {
                     schema: CLICK_EVENT_SCHEMA,
                     id: uuid::Uuid::new_v4(),
-                    slug: format!("bench-{}-{}", &run[..8], i % slugs),
+                    slug: format!("bench-{run}-{}", i % slugs),
                     at_ms: chrono::Utc::now().timestamp_millis(),
                     tier: if i % 2 == 0 {
                         Tier::Primary
