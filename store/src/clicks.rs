@@ -208,58 +208,91 @@ impl DayCounts {
     /// its new value.
     pub fn add(&mut self, events: &[&ClickEvent]) -> BTreeMap<RowKey, i64> {
         let mut changed = BTreeMap::new();
-        let distinct = |kind: &str| {
-            self.rows
-                .keys()
-                .filter(|(k, key)| k == kind && key != OTHER)
-                .count()
-        };
-        let (mut referrers, mut cities) = (distinct(REFERRER), distinct(CITY));
         for ev in events {
-            let referrer = self.capped(
-                REFERRER,
-                referrer_host(ev.referrer.as_deref()),
-                &mut referrers,
-                MAX_REFERRERS_PER_DAY,
-            );
-            let country = ev.country.clone().unwrap_or_else(|| UNKNOWN.to_string());
-            let city = ev.city.as_ref().map(|c| {
-                self.capped(
-                    CITY,
-                    format!("{country}/{c}"),
-                    &mut cities,
-                    MAX_CITIES_PER_DAY,
-                )
-            });
-            for key in [
-                (COUNT.to_string(), "total".to_string()),
-                (COUNT.to_string(), format!("tier:{}", tier_name(ev.tier))),
-                (COUNT.to_string(), format!("agent:{}", agent_name(ev.agent))),
-                (COUNT.to_string(), format!("device:{}", ev.device.name())),
-                (REFERRER.to_string(), referrer),
-                (COUNTRY.to_string(), country),
-            ]
-            .into_iter()
-            .chain(city.map(|c| (CITY.to_string(), c)))
-            {
-                let n = self.rows.entry(key.clone()).or_insert(0);
-                *n += 1;
-                changed.insert(key, *n);
-            }
+            self.count_into(ev, Some(&mut changed));
         }
         changed
     }
 
+    /// Counts one event (not counted before): [`DayCounts::add`] without the list of changes,
+    /// allocating only for rows it creates (the counter's hot path).
+    pub fn count(&mut self, ev: &ClickEvent) {
+        self.count_into(ev, None);
+    }
+
+    fn count_into(&mut self, ev: &ClickEvent, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
+        let referrer = referrer_host(ev.referrer.as_deref());
+        let referrer = self.capped(REFERRER, &referrer, MAX_REFERRERS_PER_DAY);
+        let country = ev.country.as_deref().unwrap_or(UNKNOWN);
+        let city = ev.city.as_ref().map(|c| format!("{country}/{c}"));
+        let city = city
+            .as_deref()
+            .map(|c| self.capped(CITY, c, MAX_CITIES_PER_DAY));
+        let rows = [
+            (COUNT, "total", ""),
+            (COUNT, "tier:", tier_name(ev.tier)),
+            (COUNT, "agent:", agent_name(ev.agent)),
+            (COUNT, "device:", ev.device.name()),
+            (REFERRER, referrer, ""),
+            (COUNTRY, country, ""),
+        ];
+        let city = city.map(|c| (CITY, c, ""));
+        // One probe key, reused: a row that exists costs a lookup, not an allocation.
+        let mut probe = (String::with_capacity(1), String::with_capacity(64));
+        for (kind, a, b) in rows.into_iter().chain(city) {
+            probe.0.clear();
+            probe.0.push_str(kind);
+            probe.1.clear();
+            probe.1.push_str(a);
+            probe.1.push_str(b);
+            let n = match self.rows.get_mut(&probe) {
+                Some(n) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    self.rows.insert(probe.clone(), 1);
+                    1
+                }
+            };
+            if let Some(changed) = changed.as_deref_mut() {
+                changed.insert(probe.clone(), n);
+            }
+        }
+    }
+
+    /// `key` if it has a row of `kind` already or there is room for one more (fewer than
+    /// `cap` of `kind` besides [`OTHER`]), else [`OTHER`].
+    fn capped<'a>(&self, kind: &str, key: &'a str, cap: usize) -> &'a str {
+        if self.rows.contains_key(&(kind.to_string(), key.to_string())) {
+            return key;
+        }
+        let distinct = self
+            .rows
+            .keys()
+            .filter(|(k, key)| k == kind && key != OTHER)
+            .count();
+        if distinct < cap {
+            key
+        } else {
+            OTHER
+        }
+    }
+
     /// The counts as a `click_sums.n` blob: per row, `<kind>:<key>` (u16 big-endian length,
     /// UTF-8) and its count (i64 big-endian), in row order. One cell however many rows, so a
-    /// write of it costs the store one cell, not one per row.
+    /// write of it costs the store one cell, not one per row. (A name over 65,535 bytes, which
+    /// no rule makes, is left out.)
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.rows.len() * 32);
-        for (row, n) in &self.rows {
-            let name = cell_name(row);
-            let len = name.len().min(usize::from(u16::MAX));
-            out.extend_from_slice(&(len as u16).to_be_bytes());
-            out.extend_from_slice(&name.as_bytes()[..len]);
+        for ((kind, key), n) in &self.rows {
+            let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
+                continue;
+            };
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(kind.as_bytes());
+            out.push(b':');
+            out.extend_from_slice(key.as_bytes());
             out.extend_from_slice(&n.to_be_bytes());
         }
         out
@@ -290,19 +323,6 @@ impl DayCounts {
     pub fn merge(&mut self, other: DayCounts) {
         for (key, n) in other.rows {
             *self.rows.entry(key).or_insert(0) += n;
-        }
-    }
-
-    /// `key` if it has a row already or there is room for one more of `kind` (`seen` of the
-    /// `cap` used), else [`OTHER`].
-    fn capped(&self, kind: &str, key: String, seen: &mut usize, cap: usize) -> String {
-        if self.rows.contains_key(&(kind.to_string(), key.clone())) {
-            key
-        } else if *seen < cap {
-            *seen += 1;
-            key
-        } else {
-            OTHER.to_string()
         }
     }
 }

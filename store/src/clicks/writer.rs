@@ -17,9 +17,7 @@
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
 //! the next one reloads what the store has.
 
-use super::{
-    bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts, RowKey,
-};
+use super::{bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts};
 use crate::db::{self as store, StoreError};
 use scylla::statement::batch::{Batch, BatchType};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -99,8 +97,8 @@ pub struct Plan {
     pub redelivered: u64,
     /// New ids per minute, with their offsets, in offset order.
     pub ids: BTreeMap<i64, Vec<(i64, Uuid)>>,
-    /// Per changed (link, day): the new `upto` and the rows that changed, with their values.
-    pub writes: BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
+    /// Per changed (link, day): the new `upto` (its counts are in the state).
+    pub writes: BTreeMap<Key, i64>,
 }
 
 /// A source's state: what is known to be counted.
@@ -182,11 +180,9 @@ impl SourceState {
                 plan.duplicates += 1;
                 continue;
             }
-            let changed = ks.counts.add(&[e]);
+            ks.counts.count(e);
             ks.upto = offset;
-            let w = plan.writes.entry(key).or_default();
-            w.0 = offset;
-            w.1.extend(changed);
+            plan.writes.insert(key, offset);
             plan.ids.entry(minute).or_default().push((offset, e.id));
             plan.counted += 1;
         }
@@ -405,10 +401,7 @@ impl SourceCounter {
 
     /// Before any count of a (link, day) exists: a reader may list a day without counts
     /// (zero), never have counts it cannot find. One batch per (month, bucket).
-    async fn write_index(
-        &self,
-        writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
-    ) -> Result<(), StoreError> {
+    async fn write_index(&self, writes: &BTreeMap<Key, i64>) -> Result<(), StoreError> {
         type Row = (i32, i32, String, i32);
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
         for (slug, day) in writes
@@ -439,13 +432,13 @@ impl SourceCounter {
     /// [`ROWS_PER_BATCH`] rows each).
     async fn write_counts(
         &self,
-        writes: &BTreeMap<Key, (i64, BTreeMap<RowKey, i64>)>,
+        writes: &BTreeMap<Key, i64>,
         failpoint: Option<usize>,
     ) -> Result<(), StoreError> {
         type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
         let failpoint = failpoint.filter(|n| *n < writes.len());
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
-        for ((slug, day), (upto, _)) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+        for ((slug, day), upto) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
             let bucket = bucket_of(slug);
             // The whole (link, day) as of `upto`: what `plan` left in memory.
             let counts = self
@@ -683,10 +676,14 @@ mod tests {
         s
     }
 
-    fn total(p: &Plan, slug: &str, at: i64) -> Option<i64> {
-        p.writes
-            .get(&(slug.to_string(), day_of(at)))
-            .and_then(|(_, rows)| rows.get(&("c".to_string(), "total".to_string())))
+    /// The total of (slug, day of `at`) in the state, if `p` wrote it.
+    fn total(s: &SourceState, p: &Plan, slug: &str, at: i64) -> Option<i64> {
+        let key = (slug.to_string(), day_of(at));
+        p.writes.get(&key)?;
+        s.keys[&key]
+            .counts
+            .rows
+            .get(&("c".to_string(), "total".to_string()))
             .copied()
     }
 
@@ -697,9 +694,9 @@ mod tests {
         let mut s = fresh(&evs);
         let p = s.plan(&evs);
         assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
-        assert_eq!(total(&p, "a", AT), Some(1));
-        assert_eq!(p.writes[&("a".to_string(), day_of(AT))].0, 10);
-        assert_eq!(p.writes[&("b".to_string(), day_of(AT))].0, 11);
+        assert_eq!(total(&s, &p, "a", AT), Some(1));
+        assert_eq!(p.writes[&("a".to_string(), day_of(AT))], 10);
+        assert_eq!(p.writes[&("b".to_string(), day_of(AT))], 11);
         // Two minutes, one new id each.
         assert_eq!(p.ids.len(), 2);
         assert_eq!(p.ids[&minute_of(AT)], vec![(10, a.id)]);
@@ -750,7 +747,7 @@ mod tests {
         s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 3;
         let p = s.plan(&[(4, &a), (5, &b), (6, &a), (7, &b)]);
         assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
-        assert_eq!(total(&p, "a", AT), Some(2));
+        assert_eq!(total(&s, &p, "a", AT), Some(2));
     }
 
     #[test]
