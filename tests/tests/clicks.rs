@@ -6,7 +6,7 @@
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -747,4 +747,92 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
     assert!(lr.terminate().await.success());
     replicator.stop().await;
     p.stop().await;
+}
+
+/// The upgrade from the counter before `click_sums`: it counted offsets 0..=2 of a source into
+/// `click_totals` (ids in the index, the day in `click_days`) and died before committing them.
+/// The migration, finding such rows, lets the new counter read their offsets, so the
+/// redelivered batch counts only what came after, and the stats sum both tables: each click
+/// once. (Without the old row's offset the three would count again: their ids are in the
+/// index at those very offsets, which looks like an attempt that died before its counts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_of_the_counter_before_click_sums_are_read_and_their_clicks_not_counted_again() {
+    use zlink_store::clicks::{cell_name, DayCounts};
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(&infra.cql)
+        .use_keyspace(&ks, false)
+        .build()
+        .await
+        .unwrap();
+    let src = format!("clicks-{ks}:0");
+    let at = now_ms();
+    let events: Vec<ClickEvent> = (0..5)
+        .map(|i| {
+            let mut e = event(i);
+            e.slug = "upgraded".into();
+            e.at_ms = at;
+            e
+        })
+        .collect();
+    let day = day_of(at);
+    // What the old counter left of offsets 0..=2: their counts, their ids at those offsets,
+    // the listed day.
+    let mut counts = DayCounts::default();
+    counts.add(&events[..3].iter().collect::<Vec<_>>());
+    let cells: HashMap<String, i64> = counts
+        .rows
+        .iter()
+        .map(|(r, n)| (cell_name(r), *n))
+        .collect();
+    session
+        .query_unpaged(
+            "UPDATE click_totals USING TIMESTAMP 3 SET upto = 2, n = n + ? \
+             WHERE slug = 'upgraded' AND day = ? AND src = ?",
+            (cells, day, &src),
+        )
+        .await
+        .unwrap();
+    session
+        .query_unpaged(
+            "INSERT INTO click_days (slug, day) VALUES ('upgraded', ?)",
+            (day,),
+        )
+        .await
+        .unwrap();
+    let batch: Vec<(i64, ClickEvent)> = events
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(o, e)| (o as i64, e))
+        .collect();
+    let mut blob = Vec::new();
+    for (offset, e) in &batch[..3] {
+        blob.extend_from_slice(e.id.as_bytes());
+        blob.extend_from_slice(&offset.to_be_bytes());
+    }
+    session
+        .query_unpaged(
+            "INSERT INTO click_seen (src, minute, upto, writer, ids) VALUES (?, ?, 2, ?, ?)",
+            (&src, at.div_euclid(60_000), Uuid::new_v4(), blob),
+        )
+        .await
+        .unwrap();
+    // The migration, run again as an upgrade runs it, finds the old rows.
+    session
+        .query_unpaged("DELETE FROM cursors WHERE name = 'click_totals_until'", ())
+        .await
+        .unwrap();
+    zlink_store::schema::migrate(&infra.store_config(&ks), 1)
+        .await
+        .unwrap();
+
+    let cs = click_store(&infra, &ks).await;
+    let mut counter = SourceCounter::new(cs.clone(), src, Limits::default());
+    let c = count_batch(&mut counter, &batch).await.unwrap();
+    assert_eq!((c.counted, c.redelivered, c.duplicates), (2, 3, 0));
+    let since = day_of(now_ms()) - 3;
+    let stats = cs.link_stats("upgraded", since).await.unwrap();
+    assert_eq!(stats, expected(&events).remove("upgraded").unwrap());
 }
