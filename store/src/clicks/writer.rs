@@ -19,7 +19,9 @@
 
 use super::{bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts};
 use crate::db::{self as store, StoreError};
+use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -414,18 +416,7 @@ impl SourceCounter {
                 .or_default()
                 .push((month, bucket, slug.clone(), *day));
         }
-        let batches = chunked(parts);
-        self.run_all(batches, |store, rows| async move {
-            let batch = batch_of(&store.add_index, rows.len());
-            store
-                .db
-                .session()
-                .batch(&batch, rows)
-                .await
-                .map(drop)
-                .map_err(store::unavailable)
-        })
-        .await
+        self.write_partitions(|s| &s.add_index, parts).await
     }
 
     /// Every changed (link, day)'s row, one single-partition batch per (day, bucket) (up to
@@ -457,9 +448,27 @@ impl SourceCounter {
                 self.src.clone(),
             ));
         }
-        let batches = chunked(parts);
-        self.run_all(batches, |store, rows| async move {
-            let batch = batch_of(&store.write_sum, rows.len());
+        self.write_partitions(|s| &s.write_sum, parts).await?;
+        match failpoint {
+            Some(n) => Err(StoreError::Unavailable(format!(
+                "failpoint: stopped after {n} count writes"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes each partition's rows with `stmt`, as single-partition unlogged batches of at
+    /// most [`ROWS_PER_BATCH`] rows (one mutation each), `concurrency` at a time.
+    async fn write_partitions<K, R>(
+        &self,
+        stmt: fn(&ClickStore) -> &PreparedStatement,
+        parts: BTreeMap<K, Vec<R>>,
+    ) -> Result<(), StoreError>
+    where
+        R: SerializeRow + Send + Sync + 'static,
+    {
+        self.run_all(chunked(parts), move |store, rows| async move {
+            let batch = batch_of(stmt(&store), rows.len());
             store
                 .db
                 .session()
@@ -468,13 +477,7 @@ impl SourceCounter {
                 .map(drop)
                 .map_err(store::unavailable)
         })
-        .await?;
-        match failpoint {
-            Some(n) => Err(StoreError::Unavailable(format!(
-                "failpoint: stopped after {n} count writes"
-            ))),
-            None => Ok(()),
-        }
+        .await
     }
 
     /// After the counts: deletes the roll-up of every month a late click of the batch (see
@@ -540,7 +543,7 @@ fn chunked<K, R>(parts: BTreeMap<K, Vec<R>>) -> Vec<Vec<R>> {
 
 /// An unlogged batch of `n` executions of `stmt` (rows of one partition: applied as one
 /// mutation). Idempotent: every statement it is made of is.
-fn batch_of(stmt: &scylla::statement::prepared::PreparedStatement, n: usize) -> Batch {
+fn batch_of(stmt: &PreparedStatement, n: usize) -> Batch {
     let mut batch = Batch::new(BatchType::Unlogged);
     for _ in 0..n {
         batch.append_statement(stmt.clone());
