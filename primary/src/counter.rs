@@ -53,7 +53,8 @@ pub struct CountConfig {
     #[arg(long, env = "ZLINK_CLICKS_DEDUP_DAYS", default_value_t = 45)]
     pub dedup_days: u32,
     /// Most messages per batch. Large batches are cheap: a batch's writes are one per (day,
-    /// bucket) partition it touches (about 100 KiB of state per 1,000 messages in flight).
+    /// bucket) partition it touches. A batch's decoded clicks are held until it is counted
+    /// (a few hundred bytes each: some MiB at 20,000).
     #[arg(long, default_value_t = 20_000)]
     pub batch_max: usize,
     /// How long a batch waits for more messages after its first, milliseconds.
