@@ -25,7 +25,7 @@ use zlink_clients::kafka::is_topic_name;
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
-use zlink_store::clicks::{ClickStore, Counted};
+use zlink_store::clicks::{ClickStore, Counted, FIRST_CLICK_MS};
 use zlink_store::StoreConfig;
 use zlink_store::{Db, StoreError};
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
@@ -195,9 +195,6 @@ impl Default for CounterMetrics {
 /// How long a source's state is kept without a batch for it.
 const SOURCE_IDLE: Duration = Duration::from_secs(300);
 
-/// Earliest click time accepted (2020-01-01): anything before is a broken clock or a forgery.
-const EARLIEST_MS: i64 = 1_577_836_800_000;
-
 /// A `clicks` message as an event to count, or why it cannot be one.
 pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'static str> {
     let ev: ClickEvent = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
@@ -207,7 +204,8 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
     if !zlink_wire::domain::is_valid_key(&ev.slug) {
         return Err("slug");
     }
-    if ev.at_ms < EARLIEST_MS || ev.at_ms > now_ms + 86_400_000 {
+    // Before 2020 (FIRST_CLICK_MS): a broken clock or a forgery; the stats read no further back.
+    if ev.at_ms < FIRST_CLICK_MS || ev.at_ms > now_ms + 86_400_000 {
         return Err("time");
     }
     Ok(ev)

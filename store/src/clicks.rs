@@ -47,12 +47,15 @@ pub const ROLLUP_AFTER_DAYS: i32 = 3;
 pub const LATE_DAYS: i32 = 2;
 /// 2020-01-01: the counter takes no click older than this, so no stats read looks further back.
 pub const FIRST_CLICK_DAY: i32 = 18_262;
+/// [`FIRST_CLICK_DAY`] in milliseconds since 1970 (2020-01-01T00:00:00Z).
+pub const FIRST_CLICK_MS: i64 = FIRST_CLICK_DAY as i64 * DAY_MS;
 /// Partitions per day of `click_sums` (and per month of `click_index`): a batch of clicks costs
 /// one write per (day, bucket) it touches however many links it has. Part of the schema: a
 /// link's rows are found by [`bucket_of`] its slug, so changing it needs new tables.
 pub const BUCKETS: i32 = 32;
 /// The `cursors` row naming the last day that may have `click_totals` rows (written by the
-/// migration that added `click_sums`: the day after it ran if `click_totals` had rows, else -1).
+/// migration that added `click_sums`: two days after it ran if `click_totals` had rows, else
+/// -1).
 pub const LEGACY_UNTIL: &str = "click_totals_until";
 
 /// The bucket of a link's click rows: FNV-1a (32 bit) of the slug's bytes mod [`BUCKETS`]

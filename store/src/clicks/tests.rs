@@ -319,3 +319,9 @@ fn buckets_are_stable_and_in_range() {
         assert!((0..BUCKETS).contains(&bucket_of(s)));
     }
 }
+
+#[test]
+fn the_first_click_day_is_2020_01_01() {
+    assert_eq!(FIRST_CLICK_MS, 1_577_836_800_000);
+    assert_eq!(day_of(FIRST_CLICK_MS), FIRST_CLICK_DAY);
+}
