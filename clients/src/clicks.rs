@@ -7,6 +7,7 @@
 //! before the commit sends the batch again: duplicates carry the same event id, and the counter
 //! deduplicates on it; nothing is ever skipped.
 
+use crate::kafka::HealingProducer;
 use crate::now_ms;
 use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
 use crate::trace::{Span, TraceContext};

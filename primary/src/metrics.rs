@@ -20,6 +20,8 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
+    /// Link-event producers replaced after consecutive failed publishes.
+    pub producer_resets: IntCounter,
     /// Outbox rows the sweeper found past the fast path's window in its last pass (0 on
     /// instances not holding the relay lease), and the oldest one's age.
     pub outbox_backlog: prometheus::IntGauge,
@@ -83,6 +85,11 @@ impl Metrics {
             "Kafka publish failures (retried from the outbox)",
         )
         .expect("valid metric");
+        let producer_resets = IntCounter::new(
+            "producer_resets_total",
+            "Link-event Kafka producers replaced after consecutive failed publishes",
+        )
+        .expect("valid metric");
         let outbox_backlog = prometheus::IntGauge::new(
             "outbox_backlog_rows",
             "Outbox rows older than the fast path's window at the last sweep (lease holder only; at most 500 per shard)",
@@ -103,6 +110,7 @@ impl Metrics {
         .expect("valid metric");
         for c in [
             Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(producer_resets.clone()),
             Box::new(outbox_backlog.clone()),
             Box::new(outbox_oldest_age.clone()),
             Box::new(rate_limited.clone()),
@@ -134,6 +142,7 @@ impl Metrics {
             store_errors,
             events,
             publish_errors,
+            producer_resets,
             outbox_backlog,
             outbox_oldest_age,
             rate_limited,

@@ -21,11 +21,12 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clock::Clock;
+use zlink_clients::kafka::HealingProducer;
 use zlink_clients::trace::{self, Span, TraceContext};
 use zlink_store::outbox::{expiry_bucket, OutboxRow, OUTBOX_SHARDS};
 use zlink_store::{Link, StoreError};
@@ -48,7 +49,9 @@ pub struct KafkaSettings {
 }
 
 pub struct Relay {
-    producer: FutureProducer,
+    /// Replaced after consecutive failed publishes (librdkafka can stay stuck after a frozen
+    /// broker thaws; see `HealingProducer`).
+    producer: HealingProducer,
     topic: String,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -65,14 +68,14 @@ impl Relay {
         clock: Arc<dyn Clock>,
         instance: &str,
     ) -> Result<Arc<Self>, KafkaError> {
-        let producer: FutureProducer =
-            zlink_clients::kafka::producer(&k.brokers, &format!("zlink-{instance}"))
-                .set(
-                    "message.timeout.ms",
-                    k.message_timeout.as_millis().to_string(),
-                )
-                .set("linger.ms", "2")
-                .create()?;
+        let mut config = zlink_clients::kafka::producer(&k.brokers, &format!("zlink-{instance}"));
+        config
+            .set(
+                "message.timeout.ms",
+                k.message_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", "2");
+        let producer = HealingProducer::new(config, metrics.producer_resets.clone())?;
         Ok(Arc::new(Relay {
             producer,
             topic: k.links_topic.clone(),
@@ -102,8 +105,10 @@ impl Relay {
                 key: trace::TRACEPARENT,
                 value: Some(tp.as_str()),
             }));
-        match self.producer.send(record, Duration::from_secs(5)).await {
+        let producer = self.producer.producer();
+        match producer.send(record, Duration::from_secs(5)).await {
             Ok(d) => {
+                self.producer.delivered(&producer);
                 span.set("partition", i64::from(d.partition));
                 self.metrics
                     .events
@@ -112,6 +117,7 @@ impl Relay {
                 Ok(())
             }
             Err((e, _)) => {
+                self.producer.failed(&producer);
                 span.fail(&e);
                 self.metrics.publish_errors.inc();
                 Err(e)
@@ -266,7 +272,7 @@ impl Relay {
             }
         }
         // In-flight fast paths finish or leave their rows for the next sweeper.
-        let _ = self.producer.flush(Duration::from_secs(5));
+        let _ = self.producer.producer().flush(Duration::from_secs(5));
     }
 }
 

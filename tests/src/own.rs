@@ -55,6 +55,14 @@ impl OwnServer {
         let ok = tokio::task::block_in_place(|| self.lib(&format!("zl_stop {c} 20")));
         assert!(ok, "private {c} did not stop");
     }
+
+    /// Freezes the server (`SIGSTOP` to its process group: connections still accepted, nothing
+    /// answered) or thaws it and waits until it is ready again — lib.sh's `hang` fault.
+    pub async fn freeze(&self, frozen: bool) {
+        let (c, action) = (self.component, if frozen { "fault" } else { "heal" });
+        let ok = tokio::task::block_in_place(|| self.lib(&format!("zl_fault {action} hang {c}")));
+        assert!(ok, "private {c}: {action} hang");
+    }
 }
 
 impl Drop for OwnServer {
@@ -77,6 +85,9 @@ impl OwnKafka {
     }
     pub async fn stop(&self) {
         self.server.stop().await
+    }
+    pub async fn freeze(&self, frozen: bool) {
+        self.server.freeze(frozen).await
     }
 }
 

@@ -477,3 +477,109 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     );
     replicator.stop().await;
 }
+
+/// Kafka frozen (SIGSTOP) while clicks flow, longer than the click producers' timeout and the
+/// broker's own session timeout, then thawed: every tier's replayer ships its whole spool
+/// without a restart (a drill once left a producer timing out every batch after the thaw).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    let kafka = OwnKafka::start(26600).await;
+    let topic = format!("clicks-{ks}");
+    create_topics(
+        &kafka.brokers,
+        &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 6)],
+    )
+    .await;
+    let kafka_flags = [
+        "--kafka",
+        &kafka.brokers,
+        "--clicks-topic",
+        &topic,
+        "--clicks-timeout-ms",
+        "2000",
+    ];
+    let mut primary_flags = kafka_flags.to_vec();
+    primary_flags.extend(["--links-topic", &n.links_topic]);
+    let p = spawn_primary(&infra, &ks, &primary_flags, None).await;
+    let replicator = spawn_replicator(&infra, &ks, &kafka.brokers).await;
+    let key = create_key(&p.state, "alice", false).await;
+    let c = create(
+        &p.base,
+        &key,
+        json!({"url": "https://example.com/frozen-kafka", "slug": "frozen-kafka"}),
+    )
+    .await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    assert!(
+        eventually_ok(
+            &infra.blob_url(&n.s3_prefix, "frozen-kafka"),
+            Duration::from_secs(10)
+        )
+        .await,
+        "replicated"
+    );
+    let lr =
+        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &kafka_flags).await;
+
+    // Clicks on both tiers all along: before, during and after the freeze (bounded: at most
+    // 4,000 redirects per tier, one every 10 ms).
+    let stop = tokio_util::sync::CancellationToken::new();
+    let clickers: Vec<_> = [p.url("/frozen-kafka"), lr.url("/frozen-kafka")]
+        .into_iter()
+        .map(|url| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut ids = HashSet::new();
+                for _ in 0..4000 {
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    let r = client().get(&url).send().await.unwrap();
+                    assert_eq!(r.status(), StatusCode::FOUND, "{url}");
+                    let id = r.headers()["x-zlink-click-id"].to_str().unwrap();
+                    ids.insert(id.parse::<uuid::Uuid>().unwrap());
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                ids
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    kafka.freeze(true).await;
+    // Past the broker's session timeout (9 s): the thawed broker fences itself and comes back
+    // leaderless for a moment, the case the producers must survive.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    kafka.freeze(false).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.cancel();
+    let mut ids = HashSet::new();
+    for c in clickers {
+        ids.extend(c.await.unwrap());
+    }
+
+    let spooled = [
+        (p.url("/metrics"), "zlink_primary_spool_pending_records"),
+        (lr.url("/metrics"), "zlink_lastresort_spool_pending_records"),
+    ];
+    for (url, metric) in &spooled {
+        assert!(
+            eventually(Duration::from_secs(60), || async {
+                metric_sum(url, metric).await == 0.0
+            })
+            .await,
+            "{metric}: the spool drains after the thaw ({} pending)",
+            metric_sum(url, metric).await
+        );
+    }
+    let (seen, _) = clicks_in_kafka(&kafka.brokers, &topic, &ids).await;
+    assert_eq!(
+        ids.difference(&seen).count(),
+        0,
+        "every click reached Kafka"
+    );
+    replicator.stop().await;
+    assert!(lr.terminate().await.success());
+}

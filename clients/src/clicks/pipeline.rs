@@ -16,6 +16,8 @@ pub struct ClickMetrics {
     pub corrupt_skipped: IntGauge,
     pub replayed: IntCounter,
     pub replay_failures: IntCounter,
+    /// Kafka producers replaced after consecutive failed batches (see `HealingProducer`).
+    pub producer_resets: IntCounter,
     /// Age of the oldest click not yet acknowledged by Kafka (0 when none is pending).
     pub oldest_age: prometheus::Gauge,
     /// Click time of the record at the head of the replayer's current batch; 0: none.
@@ -60,6 +62,10 @@ impl ClickMetrics {
                 "clicks_replay_failures_total",
                 "Batches Kafka did not acknowledge (resent after backoff)",
             )?,
+            producer_resets: IntCounter::new(
+                "clicks_producer_resets_total",
+                "Kafka producers the replayer replaced after consecutive failed batches",
+            )?,
             oldest_age: prometheus::Gauge::new(
                 "spool_oldest_age_seconds",
                 "Age of the oldest spooled click not yet acknowledged by Kafka (0: none pending)",
@@ -83,6 +89,7 @@ impl ClickMetrics {
         registry.register(Box::new(m.corrupt_skipped.clone()))?;
         registry.register(Box::new(m.replayed.clone()))?;
         registry.register(Box::new(m.replay_failures.clone()))?;
+        registry.register(Box::new(m.producer_resets.clone()))?;
         registry.register(Box::new(m.oldest_age.clone()))?;
         Ok(m)
     }
@@ -144,15 +151,15 @@ impl Clicks {
             cut_bytes = recovery.cut_bytes, cut_segments = recovery.cut_segments, "click spool open");
         metrics.cut_bytes.inc_by(recovery.cut_bytes);
         metrics.observe(&spool);
-        let producer: FutureProducer =
-            crate::kafka::producer(brokers, &format!("zlink-{instance}-clicks"))
-                .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
-                .set("linger.ms", "5")
-                // Clicks are small JSON documents much alike: lz4 batches cut the broker's
-                // bytes to write and checksum (its CPU per click) at little cost here.
-                .set("compression.type", "lz4")
-                .create()
-                .map_err(|e| format!("creating the clicks producer: {e}"))?;
+        let mut config = crate::kafka::producer(brokers, &format!("zlink-{instance}-clicks"));
+        config
+            .set("message.timeout.ms", args.clicks_timeout_ms.to_string())
+            .set("linger.ms", "5")
+            // Clicks are small JSON documents much alike: lz4 batches cut the broker's
+            // bytes to write and checksum (its CPU per click) at little cost here.
+            .set("compression.type", "lz4");
+        let producer = HealingProducer::new(config, metrics.producer_resets.clone())
+            .map_err(|e| format!("creating the clicks producer: {e}"))?;
         let stop = CancellationToken::new();
         let replayer = tokio::spawn(replay(
             reader,
@@ -353,7 +360,7 @@ async fn send_all(
 async fn replay(
     mut reader: Reader,
     spool: Arc<Spool>,
-    producer: FutureProducer,
+    producer: HealingProducer,
     topic: String,
     metrics: ClickMetrics,
     stop: CancellationToken,
@@ -413,12 +420,14 @@ async fn replay(
             continue;
         }
         let n = batch.records.len() as u64;
+        let used = producer.producer();
         let sent = tokio::select! {
             _ = &mut give_up => break,
-            r = send_all(&producer, &topic, &batch.records) => r,
+            r = send_all(&used, &topic, &batch.records) => r,
         };
         match sent {
             Ok(()) => {
+                producer.delivered(&used);
                 metrics.replayed.inc_by(n);
                 let r;
                 (reader, r) = commit(reader, batch).await;
@@ -432,6 +441,10 @@ async fn replay(
             Err(e) => {
                 metrics.replay_failures.inc();
                 reader.rewind();
+                if producer.failed(&used) {
+                    // A new producer: its first try is not held back by the old one's failures.
+                    delay.reset();
+                }
                 let sleep = delay.next_delay();
                 tracing::warn!(error = %e, pending = spool.stats().pending,
                     retry_in_ms = sleep.as_millis() as u64, "clicks: Kafka did not take the batch");
@@ -442,7 +455,7 @@ async fn replay(
             }
         }
     }
-    let _ = producer.flush(Duration::from_secs(1));
+    let _ = producer.producer().flush(Duration::from_secs(1));
     if let (_, Err(e)) = persist(reader).await {
         tracing::error!(error = %e, "click spool: commit failed");
     }
