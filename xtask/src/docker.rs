@@ -165,8 +165,8 @@ mod tests {
 
     #[test]
     fn this_workspace_dockerfile_passes() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        let images = check(root).unwrap();
+        let root = crate::workspace_root();
+        let images = check(&root).unwrap();
         assert_eq!(images, ["primary", "clicks", "replicator", "lastresort"]);
     }
 }

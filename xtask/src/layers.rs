@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn this_workspace_passes() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-        check(root).unwrap();
+        let root = crate::workspace_root();
+        check(&root).unwrap();
     }
 }

@@ -17,3 +17,16 @@ pub mod docker;
 pub mod layers;
 pub mod manifests;
 pub mod nginx;
+
+/// The workspace the tests run in. Read at run time (cargo sets `CARGO_MANIFEST_DIR` for the
+/// test process), not compiled in: a test binary reused from a build of the same commit in
+/// another checkout (a shared `CARGO_TARGET_DIR`) would otherwise check that checkout.
+#[cfg(test)]
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    dir.parent()
+        .expect("xtask/ is inside the workspace")
+        .to_path_buf()
+}

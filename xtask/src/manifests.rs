@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn this_workspace_has_no_stale_generated_file() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let root = crate::workspace_root();
         let stale = stale(&root).unwrap();
         assert!(
             stale.is_empty(),
