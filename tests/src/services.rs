@@ -277,3 +277,52 @@ pub async fn create_key(state: &AppState, owner: &str, admin: bool) -> String {
         .expect("key stored");
     key
 }
+
+/// Both redirect tiers on a Kafka of the test's own, with one link on both rungs.
+pub struct BothTiers {
+    /// Primary in-process, with `kafka_flags` and the keyspace's links topic.
+    pub primary: PrimaryHandle,
+    pub replicator: ReplicatorHandle,
+    /// A lastresort process with `kafka_flags`, reading the keyspace's S3 prefix.
+    pub lastresort: ServiceProcess,
+    /// alice's API key (she owns the link).
+    pub key: String,
+}
+
+/// Starts primary and the replicator on `brokers`, creates `slug` → `url` as alice, waits
+/// until it is in S3, then starts a lastresort. `kafka_flags` go to both tiers (they name
+/// `brokers` and the clicks topic).
+pub async fn both_tiers_with_a_link(
+    infra: &Infra,
+    keyspace: &str,
+    brokers: &str,
+    kafka_flags: &[&str],
+    slug: &str,
+    url: &str,
+) -> BothTiers {
+    let n = names(keyspace);
+    let mut primary_flags = kafka_flags.to_vec();
+    primary_flags.extend(["--links-topic", &n.links_topic]);
+    let primary = spawn_primary(infra, keyspace, &primary_flags, None).await;
+    let replicator = spawn_replicator(infra, keyspace, brokers).await;
+    let key = create_key(&primary.state, "alice", false).await;
+    let c = create(
+        &primary.base,
+        &key,
+        serde_json::json!({"url": url, "slug": slug}),
+    )
+    .await;
+    assert_eq!(c.status(), reqwest::StatusCode::CREATED, "create {slug}");
+    assert!(
+        eventually_ok(&infra.blob_url(&n.s3_prefix, slug), Duration::from_secs(10)).await,
+        "{slug} replicated"
+    );
+    let lastresort =
+        ServiceProcess::lastresort(infra, &infra.s3_endpoint, &n.s3_prefix, kafka_flags).await;
+    BothTiers {
+        primary,
+        replicator,
+        lastresort,
+        key,
+    }
+}

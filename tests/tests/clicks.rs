@@ -582,29 +582,21 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         "--geoip-db",
         &geo_db,
     ];
-    let mut primary_flags = kafka_flags.to_vec();
-    primary_flags.extend(["--links-topic", &n.links_topic]);
-    let p = spawn_primary(&infra, &ks, &primary_flags, None).await;
-    let replicator = spawn_replicator(&infra, &ks, &kafka.brokers).await;
-    let key = create_key(&p.state, "alice", false).await;
-    let other = create_key(&p.state, "mallory", false).await;
-    let c = create(
-        &p.base,
-        &key,
-        json!({"url": "https://example.com/outage?a=1&b=<2>", "slug": "outage-clicks"}),
+    let BothTiers {
+        primary: p,
+        replicator,
+        lastresort: lr,
+        key,
+    } = both_tiers_with_a_link(
+        &infra,
+        &ks,
+        &kafka.brokers,
+        &kafka_flags,
+        "outage-clicks",
+        "https://example.com/outage?a=1&b=<2>",
     )
     .await;
-    assert_eq!(c.status(), StatusCode::CREATED);
-    assert!(
-        eventually_ok(
-            &infra.blob_url(&n.s3_prefix, "outage-clicks"),
-            Duration::from_secs(10)
-        )
-        .await,
-        "replicated"
-    );
-    let lr =
-        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &kafka_flags).await;
+    let other = create_key(&p.state, "mallory", false).await;
 
     kafka.stop().await;
     let mut ids = HashSet::new();

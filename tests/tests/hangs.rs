@@ -501,28 +501,20 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
         "--clicks-timeout-ms",
         "2000",
     ];
-    let mut primary_flags = kafka_flags.to_vec();
-    primary_flags.extend(["--links-topic", &n.links_topic]);
-    let p = spawn_primary(&infra, &ks, &primary_flags, None).await;
-    let replicator = spawn_replicator(&infra, &ks, &kafka.brokers).await;
-    let key = create_key(&p.state, "alice", false).await;
-    let c = create(
-        &p.base,
-        &key,
-        json!({"url": "https://example.com/frozen-kafka", "slug": "frozen-kafka"}),
+    let BothTiers {
+        primary: p,
+        replicator,
+        lastresort: lr,
+        ..
+    } = both_tiers_with_a_link(
+        &infra,
+        &ks,
+        &kafka.brokers,
+        &kafka_flags,
+        "frozen-kafka",
+        "https://example.com/frozen-kafka",
     )
     .await;
-    assert_eq!(c.status(), StatusCode::CREATED);
-    assert!(
-        eventually_ok(
-            &infra.blob_url(&n.s3_prefix, "frozen-kafka"),
-            Duration::from_secs(10)
-        )
-        .await,
-        "replicated"
-    );
-    let lr =
-        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &kafka_flags).await;
 
     // Clicks on both tiers all along: before, during and after the freeze (bounded: at most
     // 4,000 redirects per tier, one every 10 ms).
