@@ -6,6 +6,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::producer::FutureProducer;
+use rdkafka::TopicPartitionList;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -187,6 +189,178 @@ pub fn is_topic_name(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
+/// What a consumer loop tells its [`StallWatch`]: that messages arrived, and which of them are
+/// still being worked on (a store or S3 that is down keeps a loop busy, not stalled).
+#[derive(Default)]
+pub struct Activity {
+    received: AtomicBool,
+    busy: AtomicUsize,
+}
+
+/// Work in progress on received messages; dropping it ends it.
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Activity {
+    /// A message arrived.
+    pub fn received(&self) {
+        self.received.store(true, Ordering::Relaxed);
+    }
+
+    /// Work on received messages starts; it lasts until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        Busy(self.clone())
+    }
+
+    /// (a message arrived since the last call, work is in progress now).
+    pub fn take(&self) -> (bool, bool) {
+        (
+            self.received.swap(false, Ordering::Relaxed),
+            self.busy.load(Ordering::Relaxed) > 0,
+        )
+    }
+}
+
+/// How far a consumer, or with nothing assigned to it its whole group, is behind its topic.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages behind the high watermark, per partition assigned to this consumer.
+    pub lags: Vec<(i32, i64)>,
+    /// `Some(true)`: messages wait for this consumer (with nothing assigned: for its group);
+    /// `Some(false)`: none wait; `None`: Kafka did not say.
+    pub waiting: Option<bool>,
+    /// With nothing assigned: the group's committed offsets summed over the topic, so that a
+    /// group making progress on another member is not taken for stalled.
+    pub group_position: Option<i64>,
+}
+
+/// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
+/// 1-2 s each): call it from `spawn_blocking`.
+pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
+    let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
+    if assigned > 0 {
+        let lags = consumer_lag(consumer);
+        let waiting = if lags.iter().any(|(_, l)| *l > 0) {
+            Some(true)
+        } else if lags.len() == assigned {
+            Some(false)
+        } else {
+            None
+        };
+        return Backlog {
+            lags,
+            waiting,
+            group_position: None,
+        };
+    }
+    // Nothing assigned to this member: it is only stalled if its group is (a member that lost
+    // its assignment and never got one back is what a stuck consumer looked like here).
+    let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
+        return Backlog::default();
+    };
+    let mut all = TopicPartitionList::new();
+    for t in md.topics().iter().filter(|t| t.name() == topic) {
+        for p in t.partitions() {
+            all.add_partition(topic, p.id());
+        }
+    }
+    if all.count() == 0 {
+        return Backlog::default();
+    }
+    // The coordinator not answering says nothing is known (and, if it lasts, is the stall).
+    let Ok(committed) = consumer.committed_offsets(all, Duration::from_secs(2)) else {
+        return Backlog::default();
+    };
+    let (mut waiting, mut known, mut position) = (false, true, 0i64);
+    for e in committed.elements() {
+        let Ok((low, high)) =
+            consumer.fetch_watermarks(topic, e.partition(), Duration::from_secs(1))
+        else {
+            known = false;
+            continue;
+        };
+        let at = e
+            .offset()
+            .to_raw()
+            .filter(|o| *o >= 0)
+            .unwrap_or(low)
+            .max(low);
+        position += at;
+        waiting |= high > at;
+    }
+    Backlog {
+        lags: Vec::new(),
+        waiting: (waiting || known).then_some(waiting),
+        group_position: known.then_some(position),
+    }
+}
+
+/// Longest wait between replacements of a consumer that stays stalled (Kafka down for long).
+pub const STALL_AFTER_MAX: Duration = Duration::from_secs(300);
+
+/// Decides when a consumer has stalled: messages wait (or Kafka does not say), none arrive, no
+/// work is in progress and, with nothing assigned, the group's position does not move, for
+/// `after`. librdkafka can leave a consumer like that after its broker was frozen past the
+/// group session: in the 2026-11-25 10:27 `hang:kafka` drill the replicator's consumer logged
+/// `SESSTMOUT ... rejoining group`, then `REQTMOUT GroupCoordinator ... 38 out-queue`, and
+/// consumed nothing for the 84 s until the run ended. A fresh consumer bootstraps and joins
+/// anew. While the consumer stays stalled (Kafka down), each further replacement waits twice
+/// as long as the one before, up to [`STALL_AFTER_MAX`]; progress resets that.
+pub struct StallWatch {
+    base: Duration,
+    after: Duration,
+    since: std::time::Instant,
+    group_position: Option<i64>,
+}
+
+impl StallWatch {
+    pub fn new(after: Duration, now: std::time::Instant) -> Self {
+        StallWatch {
+            base: after,
+            after,
+            since: now,
+            group_position: None,
+        }
+    }
+
+    /// One probe at `now`: whether messages arrived since the last, whether work is in
+    /// progress ([`Activity::take`]), and the [`Backlog`]. True when the consumer should be
+    /// replaced; the clock then starts again.
+    pub fn observe(
+        &mut self,
+        now: std::time::Instant,
+        received: bool,
+        busy: bool,
+        backlog: &Backlog,
+    ) -> bool {
+        let group_moved = matches!(
+            (self.group_position, backlog.group_position),
+            (Some(a), Some(b)) if a != b
+        );
+        if backlog.group_position.is_some() {
+            self.group_position = backlog.group_position;
+        }
+        if received || busy || group_moved || backlog.waiting == Some(false) {
+            self.since = now;
+            self.after = self.base;
+            return false;
+        }
+        if now.saturating_duration_since(self.since) < self.after {
+            return false;
+        }
+        self.since = now;
+        self.after = (self.after * 2).min(STALL_AFTER_MAX.max(self.base));
+        self.group_position = None;
+        true
+    }
+}
+
 /// Messages behind the high watermark, per partition assigned to `consumer`. Blocking (it asks
 /// the broker): call it from `spawn_blocking`.
 pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
@@ -198,7 +372,7 @@ pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
     // committed offset is where consumption stands.
     let committed = consumer.committed(Duration::from_secs(1)).ok();
     for e in positions.elements() {
-        let Ok((_, high)) =
+        let Ok((low, high)) =
             consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1))
         else {
             continue;
@@ -216,7 +390,8 @@ pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
                     .filter(|o| *o >= 0)
             })
             .unwrap_or(0);
-        out.push((e.partition(), (high - pos).max(0)));
+        // Below the low watermark is where nothing can be read (retention removed it).
+        out.push((e.partition(), (high - pos.max(low)).max(0)));
     }
     out
 }
@@ -315,5 +490,93 @@ mod tests {
         assert!(h.failed(&second));
         assert!(!Arc::ptr_eq(&second, &h.producer()));
         assert_eq!(resets.get(), 2);
+    }
+
+    fn waiting(w: Option<bool>) -> Backlog {
+        Backlog {
+            waiting: w,
+            ..Backlog::default()
+        }
+    }
+
+    #[test]
+    fn a_consumer_is_stalled_only_when_messages_wait_and_nothing_moves_for_the_window() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut w = StallWatch::new(Duration::from_secs(20), t0);
+        // Caught up: never stalled, however long nothing arrives.
+        for s in (5..=100).step_by(5) {
+            assert!(!w.observe(at(s), false, false, &waiting(Some(false))));
+        }
+        // Messages wait and none arrive: stalled once the window has passed since the last
+        // progress (at 100 s), not before.
+        assert!(!w.observe(at(105), false, false, &waiting(Some(true))));
+        assert!(!w.observe(at(115), false, false, &waiting(Some(true))));
+        assert!(w.observe(at(120), false, false, &waiting(Some(true))));
+        // Still stalled after the replacement: the next one waits twice as long.
+        assert!(!w.observe(at(150), false, false, &waiting(None)));
+        assert!(w.observe(at(160), false, false, &waiting(None)));
+        assert!(!w.observe(at(199), false, false, &waiting(None)));
+        assert!(w.observe(at(240), false, false, &waiting(None)));
+        // Messages arriving, or work in progress (S3 or the store down), is progress, and it
+        // brings the window back to its base.
+        assert!(!w.observe(at(245), true, false, &waiting(Some(true))));
+        assert!(!w.observe(at(260), false, true, &waiting(Some(true))));
+        assert!(!w.observe(at(279), false, false, &waiting(Some(true))));
+        assert!(w.observe(at(280), false, false, &waiting(Some(true))));
+    }
+
+    #[test]
+    fn the_wait_between_replacements_is_capped() {
+        let t0 = std::time::Instant::now();
+        let mut w = StallWatch::new(Duration::from_secs(20), t0);
+        let mut fired = Vec::new();
+        for s in (5..=3000).step_by(5) {
+            if w.observe(t0 + Duration::from_secs(s), false, false, &waiting(None)) {
+                fired.push(s);
+            }
+        }
+        let gaps: Vec<u64> = fired.windows(2).map(|p| p[1] - p[0]).collect();
+        assert_eq!(fired[0], 20);
+        assert_eq!(&gaps[..5], &[40, 80, 160, 300, 300]);
+        assert!(gaps.iter().all(|g| *g <= STALL_AFTER_MAX.as_secs()));
+    }
+
+    #[test]
+    fn with_nothing_assigned_a_group_moving_elsewhere_is_not_a_stall() {
+        let t0 = std::time::Instant::now();
+        let mut w = StallWatch::new(Duration::from_secs(20), t0);
+        let group = |pos: i64| Backlog {
+            lags: Vec::new(),
+            waiting: Some(true),
+            group_position: Some(pos),
+        };
+        // Another member works through a backlog: its committed position moves.
+        for (i, s) in (5..=60).step_by(5).enumerate() {
+            assert!(!w.observe(
+                t0 + Duration::from_secs(s),
+                false,
+                false,
+                &group(i as i64 * 10)
+            ));
+        }
+        // The group stops moving with messages waiting: stalled after the window.
+        assert!(!w.observe(t0 + Duration::from_secs(65), false, false, &group(200)));
+        assert!(!w.observe(t0 + Duration::from_secs(80), false, false, &group(200)));
+        assert!(w.observe(t0 + Duration::from_secs(85), false, false, &group(200)));
+    }
+
+    #[test]
+    fn activity_reports_arrivals_once_and_work_until_its_guard_drops() {
+        let a = Arc::new(Activity::default());
+        assert_eq!(a.take(), (false, false));
+        a.received();
+        let busy = a.begin();
+        let busy2 = a.begin();
+        assert_eq!(a.take(), (true, true));
+        drop(busy);
+        assert_eq!(a.take(), (false, true));
+        drop(busy2);
+        assert_eq!(a.take(), (false, false));
     }
 }

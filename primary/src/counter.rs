@@ -6,7 +6,8 @@
 //! [`SourceCounter`] (the sources at the same time; see [`zlink_store::clicks`] for why each
 //! click is counted once), and only then store the batch's offsets for librdkafka's
 //! auto-commit. A crash anywhere re-delivers at most the uncommitted batches, and counting them
-//! again changes nothing.
+//! again changes nothing. A consumer that stalls (clicks wait, none arrive, no batch is being
+//! counted) is replaced by a fresh one ([`kafka::StallWatch`]), and the sources start over.
 
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -16,12 +17,12 @@ use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zlink_clients::backoff::Backoff;
 use zlink_clients::kafka;
-use zlink_clients::kafka::is_topic_name;
+use zlink_clients::kafka::{is_topic_name, Activity, ClosingConsumer, StallWatch};
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
@@ -72,6 +73,12 @@ pub struct CountConfig {
     /// and read again.
     #[arg(long, env = "ZLINK_CLICKS_ID_CACHE", default_value_t = 2_000_000)]
     pub id_cache: usize,
+    /// Seconds the consumer may go without progress while clicks wait (or Kafka does not say)
+    /// before it is replaced by a fresh one; doubling, up to 300 s, while it stays stalled.
+    /// Longer than the group session (30 s), so a rebalance that waits out a departed member's
+    /// session is not taken for a stall.
+    #[arg(long, env = "ZLINK_CONSUMER_STALL_SECS", default_value_t = 45)]
+    pub consumer_stall_secs: u64,
     /// Fault injection for tests and drills: abort the process after the N-th batch was counted
     /// and before its offsets are stored (a crash at the worst moment).
     #[arg(long, hide = true)]
@@ -103,6 +110,9 @@ impl CountConfig {
         if self.batch_wait_ms > 10_000 {
             return Err("--batch-wait-ms must be at most 10000".into());
         }
+        if !(5..=3600).contains(&self.consumer_stall_secs) {
+            return Err("--consumer-stall-secs must be between 5 and 3600".into());
+        }
         if !(1..=256).contains(&self.concurrency) {
             return Err("--concurrency must be between 1 and 256".into());
         }
@@ -130,6 +140,8 @@ pub struct CounterMetrics {
     /// From the click to its count being stored, seconds (stats freshness).
     pub click_to_count_seconds: Histogram,
     pub consumer_lag: IntGaugeVec,
+    /// Consumers replaced because they stalled ([`kafka::StallWatch`]).
+    pub consumer_resets: IntCounter,
 }
 
 impl CounterMetrics {
@@ -160,8 +172,14 @@ impl CounterMetrics {
             &["partition"],
         )
         .expect("metric");
+        let consumer_resets = IntCounter::new(
+            "consumer_resets_total",
+            "Kafka consumers replaced because they stalled",
+        )
+        .expect("metric");
         for c in [
             Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(consumer_resets.clone()),
             Box::new(batches.clone()),
             Box::new(held.clone()),
             Box::new(store_errors.clone()),
@@ -178,6 +196,7 @@ impl CounterMetrics {
             store_errors,
             click_to_count_seconds,
             consumer_lag,
+            consumer_resets,
         }
     }
 
@@ -212,7 +231,11 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
 }
 
 pub struct Counter {
-    consumer: zlink_clients::kafka::ClosingConsumer,
+    /// The consumer in use; replaced when it stalls.
+    consumer: RwLock<Arc<ClosingConsumer>>,
+    /// Cancelled to stop the current consumer's loop so a fresh consumer takes over.
+    generation: Mutex<CancellationToken>,
+    activity: Arc<Activity>,
     clicks: Arc<ClickStore>,
     db: Arc<Db>,
     cfg: CountConfig,
@@ -221,15 +244,12 @@ pub struct Counter {
 
 impl Counter {
     pub async fn new(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
-        // Only offsets of counted batches are ever committed.
-        let consumer: StreamConsumer =
-            kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
-                .set("fetch.wait.max.ms", "100")
-                .create()?;
-        consumer.subscribe(&[&cfg.clicks_topic])?;
+        let consumer = Self::connect(cfg)?;
         let clicks = Arc::new(ClickStore::prepare(db.clone()).await?);
         Ok(Arc::new(Counter {
-            consumer: zlink_clients::kafka::ClosingConsumer::new(consumer),
+            consumer: RwLock::new(Arc::new(consumer)),
+            generation: Mutex::new(CancellationToken::new()),
+            activity: Arc::default(),
             clicks,
             db,
             cfg: cfg.clone(),
@@ -237,7 +257,28 @@ impl Counter {
         }))
     }
 
-    /// Serves the ops endpoint and counts until `shutdown`; commits what was counted.
+    /// A consumer subscribed to the clicks topic.
+    fn connect(cfg: &CountConfig) -> anyhow::Result<ClosingConsumer> {
+        // Only offsets of counted batches are ever committed.
+        let consumer: StreamConsumer =
+            kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
+                .set("fetch.wait.max.ms", "100")
+                .create()?;
+        consumer.subscribe(&[&cfg.clicks_topic])?;
+        Ok(ClosingConsumer::new(consumer))
+    }
+
+    fn consumer(&self) -> Arc<ClosingConsumer> {
+        self.consumer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Serves the ops endpoint and counts until `shutdown`; commits what was counted. A
+    /// consumer the probe finds stalled is dropped (closing on a thread of its own) for a fresh
+    /// one; what it had not committed is delivered again and counted again, which changes
+    /// nothing.
     pub async fn run(
         self: Arc<Self>,
         listener: tokio::net::TcpListener,
@@ -255,35 +296,71 @@ impl Counter {
             shutdown.clone(),
         ));
         tasks.spawn(self.clone().probe(ops, shutdown.clone()));
-        self.consume(&shutdown).await;
-        shutdown.cancel();
+        loop {
+            let generation = shutdown.child_token();
+            *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
+            let consumer = self.consumer();
+            self.consume(&consumer, &generation).await;
+            if shutdown.is_cancelled() {
+                break;
+            }
+            drop(consumer);
+            match Self::connect(&self.cfg) {
+                Ok(fresh) => {
+                    *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "creating a Kafka consumer failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
         while tasks.join_next().await.is_some() {}
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
+        if let Err(e) = self.consumer().commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(error = %e, "final commit");
         }
         tracing::info!("click counter stopped");
     }
 
-    /// Every 2 s: readiness (store and Kafka answer) and the consumer lag.
+    /// Every 2 s: readiness (store and Kafka answer), the consumer lag, and whether the
+    /// consumer has stalled; a stalled one's loop is stopped so [`Self::run`] replaces it.
     async fn probe(self: Arc<Self>, ops: Arc<Ops>, shutdown: CancellationToken) {
+        let mut stall = StallWatch::new(
+            Duration::from_secs(self.cfg.consumer_stall_secs),
+            Instant::now(),
+        );
         loop {
             let store_ok = self.db.ping().await.is_ok();
-            let this = self.clone();
-            let (kafka_ok, lags) = tokio::task::spawn_blocking(move || {
-                let ok = this
-                    .consumer
-                    .fetch_metadata(Some(&this.cfg.clicks_topic), Duration::from_secs(1))
+            let (consumer, topic) = (self.consumer(), self.cfg.clicks_topic.clone());
+            let (kafka_ok, backlog) = tokio::task::spawn_blocking(move || {
+                let ok = consumer
+                    .fetch_metadata(Some(&topic), Duration::from_secs(1))
                     .is_ok();
-                (ok, kafka::consumer_lag(&this.consumer))
+                (ok, kafka::backlog(&consumer, &topic))
             })
             .await
-            .unwrap_or((false, Vec::new()));
+            .unwrap_or_default();
             ops.ready.store(store_ok && kafka_ok, Ordering::Relaxed);
-            for (p, lag) in lags {
+            for (p, lag) in &backlog.lags {
                 self.metrics
                     .consumer_lag
                     .with_label_values(&[&p.to_string()])
-                    .set(lag);
+                    .set(*lag);
+            }
+            let (received, busy) = self.activity.take();
+            if stall.observe(Instant::now(), received, busy, &backlog) {
+                tracing::warn!(
+                    waiting = ?backlog.waiting,
+                    "Kafka consumer stalled: clicks wait (or Kafka does not say) and none arrived; replacing it"
+                );
+                self.metrics.consumer_resets.inc();
+                self.generation
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cancel();
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -293,12 +370,16 @@ impl Counter {
     }
 
     /// The next batch: blocks for the first message, then takes what arrives within the wait.
-    async fn next_batch(&self, shutdown: &CancellationToken) -> Option<Vec<OwnedMessage>> {
+    async fn next_batch(
+        &self,
+        consumer: &ClosingConsumer,
+        shutdown: &CancellationToken,
+    ) -> Option<Vec<OwnedMessage>> {
         let mut batch = Vec::new();
         loop {
             let m = tokio::select! {
                 _ = shutdown.cancelled() => return None,
-                m = self.consumer.recv() => m,
+                m = consumer.recv() => m,
             };
             match m {
                 Ok(m) => {
@@ -307,7 +388,7 @@ impl Counter {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    kafka::exit_if_fatal(&self.consumer);
+                    kafka::exit_if_fatal(consumer);
                     tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -320,23 +401,27 @@ impl Counter {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = tokio::time::sleep_until(deadline) => break,
-                m = self.consumer.recv() => match m {
+                m = consumer.recv() => match m {
                     Ok(m) => batch.push(m.detach()),
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka receive error");
-                    kafka::exit_if_fatal(&self.consumer);
+                        kafka::exit_if_fatal(consumer);
                         break;
                     }
                 },
             }
         }
+        self.activity.received();
         Some(batch)
     }
 
-    async fn consume(self: &Arc<Self>, shutdown: &CancellationToken) {
+    /// One consumer's loop, until `shutdown`. Its sources start empty: they read their state
+    /// from the store as they first see a batch.
+    async fn consume(self: &Arc<Self>, consumer: &ClosingConsumer, shutdown: &CancellationToken) {
         let mut batches = 0u64;
         let mut sources: HashMap<String, SourceCounter> = HashMap::new();
-        while let Some(batch) = self.next_batch(shutdown).await {
+        while let Some(batch) = self.next_batch(consumer, shutdown).await {
+            let _busy = self.activity.begin();
             let now = now_ms();
             let mut parts: HashMap<(String, i32), Part> = HashMap::new();
             for m in &batch {
@@ -393,7 +478,7 @@ impl Counter {
                 std::process::abort();
             }
             for (topic, partition, last) in offsets {
-                kafka::store_done(&self.consumer, &topic, partition, last);
+                kafka::store_done(consumer, &topic, partition, last);
             }
         }
     }

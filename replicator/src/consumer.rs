@@ -1,6 +1,8 @@
 //! The `links` consumer group: one worker per partition (so one slug's events stay in order),
 //! offsets stored only after S3 confirmed (librdkafka auto-commits stored offsets), events that
-//! can never apply go to the dead-letter topic and the partition keeps moving.
+//! can never apply go to the dead-letter topic and the partition keeps moving. A consumer that
+//! stalls (messages wait, none arrive, nothing is being applied) is replaced by a fresh one
+//! ([`zlink_clients::kafka::StallWatch`]).
 
 use crate::apply::{decode, Applier, ApplyError};
 use crate::metrics::Metrics;
@@ -8,10 +10,11 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::kafka::{Activity, Busy, ClosingConsumer, StallWatch};
 use zlink_clients::trace::{self, Span};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -37,6 +40,12 @@ pub struct KafkaConfig {
     /// Where events that can never be applied go.
     #[arg(long, env = "ZLINK_LINKS_DLQ_TOPIC", default_value = "links-dlq")]
     pub dlq_topic: String,
+    /// Seconds a consumer may go without progress while events wait (or Kafka does not say)
+    /// before it is replaced by a fresh one; doubling, up to 300 s, while it stays stalled.
+    /// Longer than the group session (30 s), so a rebalance that waits out a departed member's
+    /// session is not taken for a stall.
+    #[arg(long, env = "ZLINK_CONSUMER_STALL_SECS", default_value_t = 45)]
+    pub consumer_stall_secs: u64,
 }
 
 impl KafkaConfig {
@@ -54,17 +63,27 @@ impl KafkaConfig {
         if self.kafka.trim().is_empty() {
             return Err("--kafka is required".into());
         }
+        if !(5..=3600).contains(&self.consumer_stall_secs) {
+            return Err("--consumer-stall-secs must be between 5 and 3600".into());
+        }
         Ok(())
     }
 }
 
 pub struct Pipeline {
-    consumer: zlink_clients::kafka::ClosingConsumer,
+    /// The consumer in use; replaced when it stalls.
+    consumer: RwLock<Arc<ClosingConsumer>>,
+    /// Cancelled to stop the current consumer's loop so a fresh consumer takes over.
+    generation: Mutex<CancellationToken>,
+    activity: Arc<Activity>,
     dlq: FutureProducer,
     cfg: KafkaConfig,
     applier: Arc<Applier>,
     metrics: Arc<Metrics>,
 }
+
+/// How often lag is reported and the stall watch looks.
+const WATCH_EVERY: Duration = Duration::from_secs(5);
 
 impl Pipeline {
     pub fn new(
@@ -72,6 +91,21 @@ impl Pipeline {
         applier: Arc<Applier>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
+        let dlq: FutureProducer =
+            zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
+        Ok(Arc::new(Pipeline {
+            consumer: RwLock::new(Arc::new(Self::connect(cfg)?)),
+            generation: Mutex::new(CancellationToken::new()),
+            activity: Arc::default(),
+            dlq,
+            cfg: cfg.clone(),
+            applier,
+            metrics,
+        }))
+    }
+
+    /// A consumer subscribed to the links topic.
+    fn connect(cfg: &KafkaConfig) -> anyhow::Result<ClosingConsumer> {
         // Only offsets we stored (after S3 confirmed) are ever committed.
         let consumer: StreamConsumer = zlink_clients::kafka::manual_store_consumer(
             &cfg.kafka,
@@ -84,74 +118,109 @@ impl Pipeline {
         .set("fetch.wait.max.ms", "50")
         .create()?;
         consumer.subscribe(&[&cfg.links_topic])?;
-        let dlq: FutureProducer =
-            zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
-        Ok(Arc::new(Pipeline {
-            consumer: zlink_clients::kafka::ClosingConsumer::new(consumer),
-            dlq,
-            cfg: cfg.clone(),
-            applier,
-            metrics,
-        }))
+        Ok(ClosingConsumer::new(consumer))
+    }
+
+    fn consumer(&self) -> Arc<ClosingConsumer> {
+        self.consumer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Partitions the group currently assigns to this instance.
     pub fn assigned_partitions(&self) -> usize {
-        self.consumer.assignment().map(|a| a.count()).unwrap_or(0)
+        self.consumer().assignment().map(|a| a.count()).unwrap_or(0)
     }
 
     /// True when the broker answers a metadata request for the links topic.
     pub fn kafka_reachable(&self) -> bool {
-        self.consumer
+        self.consumer()
             .fetch_metadata(Some(&self.cfg.links_topic), Duration::from_secs(1))
             .is_ok()
     }
 
-    /// Consumes until `shutdown`, then lets workers stop and commits what was stored.
+    /// Consumes until `shutdown`, then lets workers stop and commits what was stored. A consumer
+    /// the watch finds stalled is dropped (closing on a thread of its own) for a fresh one;
+    /// what it had not committed is delivered again and applied again, which changes nothing.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut workers: HashMap<i32, mpsc::Sender<OwnedMessage>> = HashMap::new();
+        let watch = tokio::spawn(self.clone().watch(shutdown.clone()));
+        loop {
+            let generation = shutdown.child_token();
+            *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
+            let consumer = self.consumer();
+            self.consume(&consumer, &generation).await;
+            if shutdown.is_cancelled() {
+                if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                    tracing::debug!(error = %e, "final commit");
+                }
+                break;
+            }
+            drop(consumer);
+            let fresh = loop {
+                match Self::connect(&self.cfg) {
+                    Ok(c) => break Some(c),
+                    Err(e) => tracing::error!(error = %e, "creating a Kafka consumer failed"),
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => break None,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            };
+            let Some(fresh) = fresh else { break };
+            *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+        }
+        let _ = watch.await;
+        tracing::info!("consumer stopped");
+    }
+
+    /// One consumer's loop: hands each message to its partition's worker until `stop`, then
+    /// waits for the workers.
+    async fn consume(self: &Arc<Self>, consumer: &Arc<ClosingConsumer>, stop: &CancellationToken) {
+        let mut workers: HashMap<i32, mpsc::Sender<(OwnedMessage, Busy)>> = HashMap::new();
         let mut tasks = tokio::task::JoinSet::new();
-        tasks.spawn(self.clone().report_lag(shutdown.clone()));
         loop {
             let msg = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                m = self.consumer.recv() => m,
+                _ = stop.cancelled() => break,
+                m = consumer.recv() => m,
             };
             let msg = match msg {
                 Ok(m) => m.detach(),
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    zlink_clients::kafka::exit_if_fatal(&self.consumer);
+                    zlink_clients::kafka::exit_if_fatal(consumer);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
             };
+            self.activity.received();
+            let busy = self.activity.begin();
             let partition = msg.partition();
             let tx = workers.entry(partition).or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(256);
-                tasks.spawn(self.clone().worker(partition, rx, shutdown.clone()));
+                tasks.spawn(
+                    self.clone()
+                        .worker(consumer.clone(), partition, rx, stop.clone()),
+                );
                 tx
             });
             tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tx.send(msg) => {}
+                _ = stop.cancelled() => break,
+                _ = tx.send((msg, busy)) => {}
             }
         }
         drop(workers);
         while tasks.join_next().await.is_some() {}
-        if let Err(e) = self.consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(error = %e, "final commit");
-        }
-        tracing::info!("consumer stopped");
     }
 
     async fn worker(
         self: Arc<Self>,
+        consumer: Arc<ClosingConsumer>,
         partition: i32,
-        mut rx: mpsc::Receiver<OwnedMessage>,
+        mut rx: mpsc::Receiver<(OwnedMessage, Busy)>,
         shutdown: CancellationToken,
     ) {
-        while let Some(msg) = rx.recv().await {
+        while let Some((msg, _busy)) = rx.recv().await {
             // The change's trace continues from the message's `traceparent` (set by primary's
             // relay): a `replicate.apply` span with the S3 writes under it, and `trace_id` in
             // every log line about this event.
@@ -186,7 +255,7 @@ impl Pipeline {
                 }
                 Err(ApplyError::Cancelled) => return,
             }
-            zlink_clients::kafka::store_done(&self.consumer, msg.topic(), partition, msg.offset());
+            zlink_clients::kafka::store_done(&consumer, msg.topic(), partition, msg.offset());
         }
     }
 
@@ -227,24 +296,42 @@ impl Pipeline {
         }
     }
 
-    /// Every 5 s: high watermark minus position, per assigned partition.
-    async fn report_lag(self: Arc<Self>, shutdown: CancellationToken) {
+    /// Every [`WATCH_EVERY`]: the lag per assigned partition, and whether the consumer has
+    /// stalled; a stalled one's loop is stopped so [`Self::run`] puts a fresh one in its place.
+    async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut stall = StallWatch::new(
+            Duration::from_secs(self.cfg.consumer_stall_secs),
+            Instant::now(),
+        );
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = tokio::time::sleep(WATCH_EVERY) => {}
             }
-            let this = self.clone();
-            let lags = tokio::task::spawn_blocking(move || {
-                zlink_clients::kafka::consumer_lag(&this.consumer)
+            let (consumer, topic) = (self.consumer(), self.cfg.links_topic.clone());
+            let backlog = tokio::task::spawn_blocking(move || {
+                zlink_clients::kafka::backlog(&consumer, &topic)
             })
             .await
             .unwrap_or_default();
-            for (p, lag) in lags {
+            for (p, lag) in &backlog.lags {
                 self.metrics
                     .consumer_lag
                     .with_label_values(&[&p.to_string()])
-                    .set(lag);
+                    .set(*lag);
+            }
+            let (received, busy) = self.activity.take();
+            if stall.observe(Instant::now(), received, busy, &backlog) {
+                tracing::warn!(
+                    waiting = ?backlog.waiting,
+                    assigned = self.assigned_partitions(),
+                    "Kafka consumer stalled: events wait (or Kafka does not say) and none arrived; replacing it"
+                );
+                self.metrics.consumer_resets.inc();
+                self.generation
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cancel();
             }
         }
     }

@@ -21,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of a variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Consume link events and keep S3 in step.

@@ -1,6 +1,8 @@
 //! Every replicator metric, registered in one place under `zlink_replicator_`.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -12,6 +14,8 @@ pub struct Metrics {
     pub create_to_s3_seconds: Histogram,
     /// Messages behind the partition's high watermark.
     pub consumer_lag: IntGaugeVec,
+    /// Consumers replaced because they stalled (`zlink_clients::kafka::StallWatch`).
+    pub consumer_resets: IntCounter,
 }
 
 impl Metrics {
@@ -41,11 +45,17 @@ impl Metrics {
             &["partition"],
         )
         .expect("metric");
+        let consumer_resets = IntCounter::new(
+            "consumer_resets_total",
+            "Kafka consumers replaced because they stalled",
+        )
+        .expect("metric");
         for c in [
             Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(s3_failures.clone()),
             Box::new(create_to_s3_seconds.clone()),
             Box::new(consumer_lag.clone()),
+            Box::new(consumer_resets.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -55,6 +65,7 @@ impl Metrics {
             s3_failures,
             create_to_s3_seconds,
             consumer_lag,
+            consumer_resets,
         }
     }
 

@@ -129,6 +129,17 @@ impl ReplicatorHandle {
 }
 
 pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> ReplicatorHandle {
+    spawn_replicator_stalling_after(infra, keyspace, brokers, 45).await
+}
+
+/// A replicator whose consumer is replaced after `stall_secs` without progress while events
+/// wait or Kafka does not answer (`--consumer-stall-secs`).
+pub async fn spawn_replicator_stalling_after(
+    infra: &Infra,
+    keyspace: &str,
+    brokers: &str,
+    stall_secs: u64,
+) -> ReplicatorHandle {
     let n = names(keyspace);
     let kafka = replicator::consumer::KafkaConfig {
         kafka: brokers.to_string(),
@@ -136,6 +147,7 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
         group_instance_id: String::new(),
         links_topic: n.links_topic,
         dlq_topic: n.dlq_topic,
+        consumer_stall_secs: stall_secs,
     };
     let db = Db::connect(&infra.store_config(keyspace))
         .await
@@ -291,12 +303,13 @@ pub struct BothTiers {
 
 /// Starts primary and the replicator on `brokers`, creates `slug` → `url` as alice, waits
 /// until it is in S3, then starts a lastresort. `kafka_flags` go to both tiers (they name
-/// `brokers` and the clicks topic).
+/// `brokers` and the clicks topic); the replicator replaces a stalled consumer after
+/// `stall_secs`.
 pub async fn both_tiers_with_a_link(
     infra: &Infra,
     keyspace: &str,
     brokers: &str,
-    kafka_flags: &[&str],
+    (kafka_flags, stall_secs): (&[&str], u64),
     slug: &str,
     url: &str,
 ) -> BothTiers {
@@ -304,7 +317,7 @@ pub async fn both_tiers_with_a_link(
     let mut primary_flags = kafka_flags.to_vec();
     primary_flags.extend(["--links-topic", &n.links_topic]);
     let primary = spawn_primary(infra, keyspace, &primary_flags, None).await;
-    let replicator = spawn_replicator(infra, keyspace, brokers).await;
+    let replicator = spawn_replicator_stalling_after(infra, keyspace, brokers, stall_secs).await;
     let key = create_key(&primary.state, "alice", false).await;
     let c = create(
         &primary.base,

@@ -591,7 +591,7 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         &infra,
         &ks,
         &kafka.brokers,
-        &kafka_flags,
+        (&kafka_flags, 45),
         "outage-clicks",
         "https://example.com/outage?a=1&b=<2>",
     )

@@ -480,7 +480,9 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
 
 /// Kafka frozen (SIGSTOP) while clicks flow, longer than the click producers' timeout and the
 /// broker's own session timeout, then thawed: every tier's replayer ships its whole spool
-/// without a restart (a drill once left a producer timing out every batch after the thaw).
+/// without a restart (a drill once left a producer timing out every batch after the thaw), and
+/// the consumers replaced while Kafka did not answer (a drill once left the replicator's
+/// consumer idle after the thaw) count every click once and replicate a new link.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
     let infra = Infra::from_env();
@@ -488,6 +490,7 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
     let n = names(&ks);
     let kafka = OwnKafka::start(26600).await;
     let topic = format!("clicks-{ks}");
+    let group = format!("counter-{ks}");
     create_topics(
         &kafka.brokers,
         &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 6)],
@@ -501,19 +504,32 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
         "--clicks-timeout-ms",
         "2000",
     ];
+    // Both consumers (the replicator's and the click counter's) are replaced after 5 s
+    // without progress while Kafka does not answer: the freeze below is long enough for that
+    // to happen, so the fresh consumers must take over after the thaw.
     let BothTiers {
         primary: p,
         replicator,
         lastresort: lr,
-        ..
+        key,
     } = both_tiers_with_a_link(
         &infra,
         &ks,
         &kafka.brokers,
-        &kafka_flags,
+        (&kafka_flags, 5),
         "frozen-kafka",
         "https://example.com/frozen-kafka",
     )
+    .await;
+    let counter = ServiceProcess::counter(
+        &infra,
+        &kafka.brokers,
+        &ks,
+        &topic,
+        &group,
+        &["--consumer-stall-secs", "5"],
+    )
+    .ready()
     .await;
 
     // Clicks on both tiers all along: before, during and after the freeze (bounded: at most
@@ -572,6 +588,60 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
         0,
         "every click reached Kafka"
     );
+
+    // The consumers replaced during the freeze: the fresh ones count every click once and
+    // replicate a link created after the thaw.
+    let resets = metric_sum(
+        &counter.url("/metrics"),
+        "zlink_clicks_consumer_resets_total",
+    )
+    .await;
+    assert!(
+        resets >= 1.0,
+        "the counter's consumer was replaced ({resets})"
+    );
+    assert!(
+        replicator.metrics.consumer_resets.get() >= 1,
+        "the replicator's consumer was replaced"
+    );
+    let stats_url = p.url("/api/v1/links/frozen-kafka/stats");
+    let total = || {
+        let (u, key) = (stats_url.clone(), key.clone());
+        async move {
+            let r = client().get(&u).bearer_auth(key).send().await.unwrap();
+            r.json::<Value>().await.unwrap()["total"].as_u64()
+        }
+    };
+    let want = ids.len() as u64;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            total().await == Some(want)
+        })
+        .await,
+        "every click counted after the thaw: {:?} of {want}",
+        total().await
+    );
+    let c = create(
+        &p.base,
+        &key,
+        json!({"url": "https://example.com/after-thaw", "slug": "after-thaw"}),
+    )
+    .await;
+    assert_eq!(c.status(), StatusCode::CREATED);
+    assert!(
+        eventually_ok(
+            &infra.blob_url(&n.s3_prefix, "after-thaw"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "a link created after the thaw reaches S3"
+    );
+    assert!(
+        caught_up(&kafka.brokers, &group, &topic, Duration::from_secs(30)).await,
+        "the counter's group committed everything"
+    );
+    assert_eq!(total().await, Some(want), "and counted once");
+    assert!(counter.terminate().await.success());
     replicator.stop().await;
     assert!(lr.terminate().await.success());
 }
