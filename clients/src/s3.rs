@@ -108,6 +108,8 @@ fn status_of<E>(e: &SdkError<E, aws_smithy_runtime_api::http::Response>) -> Opti
 pub enum KeyKind<'a> {
     Blob(&'a str),
     Tombstone(&'a str),
+    /// An object of the change journal ([`blob::JOURNAL_DIR`]).
+    Journal,
     Other,
 }
 
@@ -318,6 +320,10 @@ impl S3Store {
             if zlink_wire::domain::is_valid_key(s) {
                 return KeyKind::Tombstone(s);
             }
+        } else if let Some(name) = rest.strip_prefix(blob::JOURNAL_DIR) {
+            if blob::journal_time(name).is_some() {
+                return KeyKind::Journal;
+            }
         } else if zlink_wire::domain::is_valid_key(rest) {
             return KeyKind::Blob(rest);
         }
@@ -350,6 +356,71 @@ impl S3Store {
             None
         };
         Ok((keys, next))
+    }
+
+    /// Writes a journal object listing `keys`, stamped with the current time (so it shows up
+    /// in listings at about the time its name says, however long earlier attempts took).
+    pub async fn put_journal(&self, writer: &str, keys: &[String]) -> Result<(), S3Error> {
+        let key = blob::journal_key(&self.prefix, crate::now_ms(), writer);
+        let body = blob::render_journal(keys.iter().map(String::as_str));
+        self.put_object(
+            key,
+            ByteStream::from(body.into_bytes()),
+            "text/plain; charset=utf-8",
+            None,
+            Vec::new(),
+        )
+        .await
+    }
+
+    /// Names (under [`blob::JOURNAL_DIR`]) of the journal objects written after `after_ms`,
+    /// oldest first, at most `max`.
+    pub async fn list_journal(&self, after_ms: i64, max: usize) -> Result<Vec<String>, S3Error> {
+        let dir = format!("{}{}", self.prefix, blob::JOURNAL_DIR);
+        let mut names = Vec::new();
+        let mut token = None;
+        loop {
+            let out = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&dir)
+                .start_after(blob::journal_start_after(&self.prefix, after_ms))
+                .set_continuation_token(token)
+                .max_keys(1000)
+                .send()
+                .await
+                .map_err(classify)?;
+            names.extend(
+                out.contents()
+                    .iter()
+                    .filter_map(|o| o.key()?.strip_prefix(&dir).map(str::to_string)),
+            );
+            token = match out.next_continuation_token() {
+                Some(t) if out.is_truncated() == Some(true) && names.len() < max => {
+                    Some(t.to_string())
+                }
+                _ => break,
+            };
+        }
+        names.truncate(max);
+        Ok(names)
+    }
+
+    /// The link keys a journal object (by its name under [`blob::JOURNAL_DIR`]) lists; `None`
+    /// if it is gone (pruned).
+    pub async fn get_journal(&self, name: &str) -> Result<Option<Vec<String>>, S3Error> {
+        let key = format!("{}{}{name}", self.prefix, blob::JOURNAL_DIR);
+        Ok(self
+            .get_key(&key)
+            .await?
+            .map(|o| blob::parse_journal(&o.body)))
+    }
+
+    /// Deletes a journal object by its name under [`blob::JOURNAL_DIR`].
+    pub async fn delete_journal(&self, name: &str) -> Result<(), S3Error> {
+        self.delete_key(&format!("{}{}{name}", self.prefix, blob::JOURNAL_DIR))
+            .await
     }
 
     pub async fn ping(&self) -> Result<(), S3Error> {

@@ -52,15 +52,26 @@ pub struct Config {
     /// ...and how long it then stays skipped before one probe, milliseconds.
     #[arg(long, env = "ZLINK_MEMCACHED_BACKOFF_MS", default_value_t = 1000)]
     pub memcached_backoff_ms: u64,
-    /// TTL of a link in this host's memcached, seconds. Nothing tells lastresort that a link
-    /// was taken down except S3, so this TTL plus --fresh-ttl-ms plus the replication lag is
-    /// how long a takedown takes to reach this rung: keep the sum under 5 s.
+    /// TTL of a link in this host's memcached, seconds. The change journal does not cover
+    /// memcached's copies beyond the forget it sends, so an answer from memcached lives only
+    /// --fresh-ttl-ms here: this TTL plus --fresh-ttl-ms plus the replication lag bounds how
+    /// long a takedown takes to reach this rung without the journal: keep the sum under 5 s.
     #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 2)]
     pub memcached_ttl_s: u32,
-    /// How long a found link is served from memory before memcached/S3 is asked again,
-    /// milliseconds (see --memcached-ttl-s).
+    /// How long an answer the change journal does not cover (journal off or not being read,
+    /// or the answer came from memcached) is served from memory before memcached/S3 is asked
+    /// again, milliseconds (see --memcached-ttl-s).
     #[arg(long, env = "ZLINK_FRESH_TTL_MS", default_value_t = 2000)]
     pub fresh_ttl_ms: u64,
+    /// How long an answer read from S3 is served from memory while the change journal is read
+    /// (a change to it is forgotten within about --journal-poll-ms), milliseconds; also the
+    /// bound on a change the journal missed. 0: no journal (every answer lives
+    /// --fresh-ttl-ms).
+    #[arg(long, env = "ZLINK_JOURNAL_TTL_MS", default_value_t = 60_000)]
+    pub journal_ttl_ms: u64,
+    /// How often the change journal is listed, milliseconds.
+    #[arg(long, env = "ZLINK_JOURNAL_POLL_MS", default_value_t = 1000)]
+    pub journal_poll_ms: u64,
     /// How long "no such object" is remembered, milliseconds.
     #[arg(long, env = "ZLINK_MISSING_TTL_MS", default_value_t = 1000)]
     pub missing_ttl_ms: u64,
@@ -108,6 +119,21 @@ impl Config {
         }
         if self.memcached_timeout_ms == 0 || self.memcached_timeout_ms > 1000 {
             return Err("--memcached-timeout-ms must be between 1 and 1000".into());
+        }
+        if self.journal_ttl_ms != 0 {
+            if !(self.fresh_ttl_ms..=3_600_000).contains(&self.journal_ttl_ms) {
+                return Err(
+                    "--journal-ttl-ms must be 0 or between --fresh-ttl-ms and 3600000".into(),
+                );
+            }
+            if !(100..=10_000).contains(&self.journal_poll_ms) {
+                return Err("--journal-poll-ms must be between 100 and 10000".into());
+            }
+            // A load that read S3 before a change must end before the last of the three
+            // forgets (lastresort::journal).
+            if self.s3_budget_ms > 2 * self.journal_poll_ms {
+                return Err("--s3-budget-ms must be at most twice --journal-poll-ms".into());
+            }
         }
         if self.local_cache_bytes < 1024 * 1024 {
             return Err("--local-cache-bytes must be at least 1 MiB".into());

@@ -4,6 +4,7 @@
 //!
 //! - [`config`]: flags with env fallbacks, validated at start.
 //! - [`lookup`]: in-process fresh/stale caches → memcached → S3, strict blob reading.
+//! - [`journal`]: reads the change journal in S3 and forgets what it lists.
 //! - [`http`]: `GET|HEAD /{slug}`, `/healthz`, `/readyz`, `/metrics`, `/stats`.
 //! - [`metrics`]: Prometheus metrics and the local `/stats` aggregates.
 //! - [`nginxlog`]: ingests the host nginx's rung-3 click log into the click spool.
@@ -13,6 +14,7 @@
 
 pub mod config;
 pub mod http;
+pub mod journal;
 pub mod lookup;
 pub mod metrics;
 pub mod nginxlog;
@@ -66,6 +68,9 @@ pub fn state(
     let lookup = lookup::Lookup::new(
         lookup::LookupSettings {
             fresh_ttl: Duration::from_millis(cfg.fresh_ttl_ms),
+            journal_ttl: (cfg.journal_ttl_ms > 0)
+                .then(|| Duration::from_millis(cfg.journal_ttl_ms)),
+            journal_poll: Duration::from_millis(cfg.journal_poll_ms),
             missing_ttl: Duration::from_millis(cfg.missing_ttl_ms),
             stale_ttl: Duration::from_secs(cfg.stale_ttl_s),
             capacity: cfg.local_cache_bytes,
@@ -133,10 +138,20 @@ pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: Cance
         .nginx_log
         .clone()
         .map(|t| tokio::spawn(t.run(shutdown.clone())));
+    let journal = state.lookup.journal_poll().map(|poll| {
+        tokio::spawn(journal::Reader::new(zlink_clients::now_ms()).run(
+            state.clone(),
+            poll,
+            shutdown.clone(),
+        ))
+    });
     http::serve(listener, state.clone(), shutdown, Duration::from_secs(5)).await;
     let _ = probe.await;
     if let Some(t) = tail {
         let _ = t.await;
+    }
+    if let Some(j) = journal {
+        let _ = j.await;
     }
     state.clicks.shutdown().await;
 }

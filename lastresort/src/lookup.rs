@@ -8,16 +8,24 @@
 //! asked at all (stale answers or a 503 in microseconds) until one probe per window.
 //! An object that is not exactly what the replicator writes is treated as missing and counted:
 //! it is never redirected to.
+//!
+//! How long `fresh` keeps an answer depends on the change journal ([`crate::journal`]): while
+//! its reader keeps up, an answer read from S3 lives `--journal-ttl-ms` (60 s), because any
+//! change to it is listed in the journal within about a second and forgotten then; otherwise
+//! (journal off or not read for 3 polls, or an answer that came from memcached, which the
+//! journal does not cover) it lives `--fresh-ttl-ms` (2 s). Losing the journal forgets every
+//! long-lived answer at once.
 
 use crate::metrics::Metrics;
 use moka::future::Cache;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zlink_clients::breaker::{Breaker, CallError};
 use zlink_clients::s3::S3Store;
 use zlink_clients::trace::Span;
 use zlink_redirect::cache::{self, LayerCell, LocalCache, Memcached};
-use zlink_redirect::decide::Outcome;
+use zlink_redirect::decide::{Answer, Outcome, View};
 use zlink_redirect::{layer, Target};
 use zlink_wire::blob;
 
@@ -58,8 +66,30 @@ enum Stored {
     Nothing,
 }
 
+/// What the fresh cache holds: the answer, and whether it lives only the short TTL.
+#[derive(Clone)]
+struct Fresh {
+    outcome: Outcome,
+    short: bool,
+}
+
+impl Answer for Fresh {
+    fn view(&self) -> View<'_> {
+        self.outcome.view()
+    }
+
+    fn is_short_lived(&self) -> bool {
+        self.short
+    }
+}
+
 pub struct LookupSettings {
+    /// How long an answer the journal does not cover is served from memory.
     pub fresh_ttl: Duration,
+    /// How long an answer the journal covers is served from memory; `None`: no journal.
+    pub journal_ttl: Option<Duration>,
+    /// How often the journal is read.
+    pub journal_poll: Duration,
     pub missing_ttl: Duration,
     pub stale_ttl: Duration,
     pub capacity: u64,
@@ -68,7 +98,11 @@ pub struct LookupSettings {
 
 pub struct Lookup {
     s3_breaker: Breaker,
-    fresh: LocalCache<Outcome>,
+    fresh: LocalCache<Fresh>,
+    /// The journal reader keeps up: answers read from S3 now may live the journal TTL.
+    journal_trusted: AtomicBool,
+    /// Bumped each time the journal stops being trusted (a load that straddles it is short).
+    journal_epoch: AtomicU64,
     stale: Cache<String, Outcome>,
     memcached: Option<Memcached>,
     s3: Arc<S3Store>,
@@ -86,12 +120,15 @@ impl Lookup {
     ) -> Self {
         Lookup {
             s3_breaker,
-            fresh: LocalCache::new(
+            fresh: LocalCache::with_short_ttl(
                 settings.capacity,
+                settings.journal_ttl.unwrap_or(settings.fresh_ttl),
                 settings.fresh_ttl,
                 settings.missing_ttl,
                 metrics.cache.clone(),
             ),
+            journal_trusted: AtomicBool::new(false),
+            journal_epoch: AtomicU64::new(0),
             stale: cache::answers(settings.capacity, settings.stale_ttl, None),
             memcached,
             s3,
@@ -105,15 +142,50 @@ impl Lookup {
         &self.s3
     }
 
+    /// The budget of one S3 lookup.
+    pub fn s3_budget(&self) -> Duration {
+        self.settings.s3_budget
+    }
+
+    /// How often the change journal is read; `None` if it is not (`--journal-ttl-ms 0`).
+    pub fn journal_poll(&self) -> Option<Duration> {
+        self.settings
+            .journal_ttl
+            .map(|_| self.settings.journal_poll)
+    }
+
+    /// The journal reader keeps up (`true`) or has fallen behind (`false`: every answer that
+    /// relied on it is forgotten, and new ones live the short TTL until it is back).
+    pub fn trust_journal(&self, trusted: bool) {
+        let was = self.journal_trusted.swap(trusted, Ordering::SeqCst);
+        if was && !trusted {
+            self.journal_epoch.fetch_add(1, Ordering::SeqCst);
+            self.fresh.invalidate_all();
+            tracing::warn!(
+                "change journal not read: answers from S3 are kept for --fresh-ttl-ms until it is"
+            );
+        } else if !was && trusted {
+            tracing::info!("change journal read: answers from S3 are kept for --journal-ttl-ms");
+        }
+    }
+
+    /// Forgets `key` here and in this host's memcached: the journal says it changed.
+    pub async fn forget(&self, key: &str) {
+        self.fresh.invalidate(key).await;
+        if let Some(mc) = &self.memcached {
+            mc.forget(key).await;
+        }
+    }
+
     /// The answer and the layer that gave it (`local`, `memcached`, `s3`, `stale`).
     pub async fn resolve(&self, slug: &str) -> Result<(Outcome, &'static str), Unavailable> {
         let cell = LayerCell::default();
         match self
             .fresh
-            .get_or_load(slug, &cell, || self.load(slug, &cell))
+            .get_or_load(slug, &cell, || self.load_fresh(slug, &cell))
             .await
         {
-            Ok(found) => Ok(found),
+            Ok((fresh, layer)) => Ok((fresh.outcome, layer)),
             Err(err) => match self.stale.get(slug).await {
                 Some(old) => {
                     self.metrics.cache.answered(layer::STALE);
@@ -122,6 +194,22 @@ impl Lookup {
                 None => Err((*err).clone()),
             },
         }
+    }
+
+    /// [`Self::load`], and how long the answer may live: long only if the journal was trusted
+    /// for the whole load and the answer came from S3 itself.
+    async fn load_fresh(&self, slug: &str, cell: &LayerCell) -> Result<Fresh, Unavailable> {
+        let epoch = self.journal_epoch.load(Ordering::SeqCst);
+        let trusted_before = self.journal_trusted.load(Ordering::SeqCst);
+        let outcome = self.load(slug, cell).await?;
+        let covered = trusted_before
+            && self.journal_trusted.load(Ordering::SeqCst)
+            && self.journal_epoch.load(Ordering::SeqCst) == epoch
+            && cell.get() == layer::S3;
+        Ok(Fresh {
+            outcome,
+            short: !covered,
+        })
     }
 
     async fn load(&self, slug: &str, cell: &LayerCell) -> Result<Outcome, Unavailable> {

@@ -1,7 +1,7 @@
 //! Every lastresort metric, registered in one place under `zlink_lastresort_`, plus the local
 //! `/stats` aggregates (this tier assumes no metrics system is alive).
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -17,6 +17,11 @@ pub struct Metrics {
     pub s3_errors: IntCounter,
     /// Objects that were not exactly what the replicator writes (treated as missing).
     pub malformed: IntCounter,
+    /// Change-journal polls by result (ok, error), keys forgotten because of it, and whether
+    /// it is trusted (1: answers from S3 live --journal-ttl-ms).
+    pub journal_polls: IntCounterVec,
+    pub journal_forgets: IntCounter,
+    pub journal_trusted: IntGauge,
 
     /// Rung-3 clicks ingested from the nginx click log, and lines refused as malformed.
     pub nginx_clicks_ingested: IntCounter,
@@ -75,8 +80,26 @@ impl Metrics {
             "nginx click log lines refused as malformed",
         )
         .expect("metric");
+        let journal_polls = IntCounterVec::new(
+            Opts::new("journal_polls_total", "Change-journal polls by result"),
+            &["result"],
+        )
+        .expect("metric");
+        let journal_forgets = IntCounter::new(
+            "journal_forgets_total",
+            "Keys forgotten because the change journal listed them (each up to 3 times)",
+        )
+        .expect("metric");
+        let journal_trusted = IntGauge::new(
+            "journal_trusted",
+            "1 while the change journal is read (answers from S3 live --journal-ttl-ms)",
+        )
+        .expect("metric");
         for c in [
             Box::new(nginx_clicks_ingested.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(journal_polls.clone()),
+            Box::new(journal_forgets.clone()),
+            Box::new(journal_trusted.clone()),
             Box::new(nginx_clicks_malformed.clone()),
             Box::new(requests.clone()),
             Box::new(lookups.clone()),
@@ -102,6 +125,9 @@ impl Metrics {
             s3_seconds,
             s3_errors,
             malformed,
+            journal_polls,
+            journal_forgets,
+            journal_trusted,
             nginx_clicks_ingested,
             nginx_clicks_malformed,
             clicks,

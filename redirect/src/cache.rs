@@ -58,6 +58,7 @@ impl LayerCell {
 
 struct TtlByKind {
     found: Duration,
+    short: Duration,
     missing: Duration,
 }
 
@@ -65,6 +66,8 @@ impl<V: Answer> Expiry<String, V> for TtlByKind {
     fn expire_after_create(&self, _: &String, v: &V, _: Instant) -> Option<Duration> {
         Some(if v.is_missing() {
             self.missing
+        } else if v.is_short_lived() {
+            self.short
         } else {
             self.found
         })
@@ -85,6 +88,7 @@ pub fn answers<V: Answer>(
         Some(missing) => b
             .expire_after(TtlByKind {
                 found: ttl,
+                short: ttl,
                 missing,
             })
             .build(),
@@ -106,6 +110,29 @@ impl<V: Answer> LocalCache<V> {
     ) -> Self {
         LocalCache {
             cache: answers(bytes, found_ttl, Some(missing_ttl)),
+            metrics,
+        }
+    }
+
+    /// Like [`Self::new`], with `short_ttl` for answers that are
+    /// [`Answer::is_short_lived`] (found and gone answers otherwise live `found_ttl`).
+    pub fn with_short_ttl(
+        bytes: u64,
+        found_ttl: Duration,
+        short_ttl: Duration,
+        missing_ttl: Duration,
+        metrics: CacheMetrics,
+    ) -> Self {
+        LocalCache {
+            cache: Cache::builder()
+                .max_capacity(bytes)
+                .weigher(|k: &String, v: &V| v.weight(k))
+                .expire_after(TtlByKind {
+                    found: found_ttl,
+                    short: short_ttl,
+                    missing: missing_ttl,
+                })
+                .build(),
             metrics,
         }
     }
@@ -143,6 +170,11 @@ impl<V: Answer> LocalCache<V> {
     /// Forgets a slug in this instance.
     pub async fn invalidate(&self, slug: &str) {
         self.cache.invalidate(slug).await;
+    }
+
+    /// Forgets everything in this instance.
+    pub fn invalidate_all(&self) {
+        self.cache.invalidate_all();
     }
 }
 
@@ -232,6 +264,13 @@ impl Memcached {
 
     /// Fills memcached in the background (`add`: never over a newer value a change wrote);
     /// the redirect never waits for it.
+    /// Deletes a slug's entry (failures are counted; the entry then lives out its TTL).
+    pub async fn forget(&self, slug: &str) {
+        if let Err(e) = self.mc.delete(&self.key(slug)).await {
+            self.metrics.memcached_failed(&e);
+        }
+    }
+
     pub fn fill<V: Serialize>(&self, slug: &str, v: &V) {
         let metrics = self.metrics.clone();
         self.mc

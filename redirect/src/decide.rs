@@ -63,6 +63,12 @@ pub trait Answer: Clone + Send + Sync + 'static {
     fn is_missing(&self) -> bool {
         matches!(self.view(), View::Missing)
     }
+
+    /// An answer its tier trusts only for the short TTL (lastresort: one not covered by the
+    /// change journal).
+    fn is_short_lived(&self) -> bool {
+        false
+    }
 }
 
 /// Lastresort's lookup result: what S3 (or a cache of it) holds for a slug.

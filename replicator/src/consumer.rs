@@ -5,6 +5,7 @@
 //! ([`zlink_clients::kafka::StallWatch`]).
 
 use crate::apply::{decode, Applier, ApplyError};
+use crate::journal::{Done, Journal};
 use crate::metrics::Metrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
@@ -40,6 +41,10 @@ pub struct KafkaConfig {
     /// Where events that can never be applied go.
     #[arg(long, env = "ZLINK_LINKS_DLQ_TOPIC", default_value = "links-dlq")]
     pub dlq_topic: String,
+    /// How often the change journal is written while events arrive, milliseconds (one S3 PUT
+    /// each; an event's offset is stored after it).
+    #[arg(long, env = "ZLINK_JOURNAL_INTERVAL_MS", default_value_t = 200)]
+    pub journal_interval_ms: u64,
     /// Seconds a consumer may go without progress while events wait (or Kafka does not say)
     /// before it is replaced by a fresh one; doubling, up to 300 s, while it stays stalled.
     /// Longer than the group session (30 s), so a rebalance that waits out a departed member's
@@ -66,6 +71,9 @@ impl KafkaConfig {
         if !(5..=3600).contains(&self.consumer_stall_secs) {
             return Err("--consumer-stall-secs must be between 5 and 3600".into());
         }
+        if !(10..=5000).contains(&self.journal_interval_ms) {
+            return Err("--journal-interval-ms must be between 10 and 5000".into());
+        }
         Ok(())
     }
 }
@@ -76,6 +84,7 @@ pub struct Pipeline {
     /// Cancelled to stop the current consumer's loop so a fresh consumer takes over.
     generation: Mutex<CancellationToken>,
     activity: Arc<Activity>,
+    journal: Arc<Journal>,
     dlq: FutureProducer,
     cfg: KafkaConfig,
     applier: Arc<Applier>,
@@ -93,10 +102,23 @@ impl Pipeline {
     ) -> anyhow::Result<Arc<Self>> {
         let dlq: FutureProducer =
             zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
+        // The journal writer's name: the stable instance id, else one unique to this process.
+        let writer = if cfg.group_instance_id.is_empty() {
+            format!("r{}-{:x}", std::process::id(), zlink_clients::now_ms())
+        } else {
+            cfg.group_instance_id.clone()
+        };
+        let journal = Arc::new(Journal::new(
+            applier.s3.clone(),
+            writer,
+            Duration::from_millis(cfg.journal_interval_ms),
+            metrics.clone(),
+        ));
         Ok(Arc::new(Pipeline {
             consumer: RwLock::new(Arc::new(Self::connect(cfg)?)),
             generation: Mutex::new(CancellationToken::new()),
             activity: Arc::default(),
+            journal,
             dlq,
             cfg: cfg.clone(),
             applier,
@@ -145,16 +167,14 @@ impl Pipeline {
     /// what it had not committed is delivered again and applied again, which changes nothing.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let watch = tokio::spawn(self.clone().watch(shutdown.clone()));
-        loop {
+        let journal = tokio::spawn(self.journal.clone().run(shutdown.clone()));
+        let last = loop {
             let generation = shutdown.child_token();
             *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
             let consumer = self.consumer();
             self.consume(&consumer, &generation).await;
             if shutdown.is_cancelled() {
-                if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-                    tracing::debug!(error = %e, "final commit");
-                }
-                break;
+                break Some(consumer);
             }
             drop(consumer);
             let fresh = loop {
@@ -167,8 +187,15 @@ impl Pipeline {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
             };
-            let Some(fresh) = fresh else { break };
+            let Some(fresh) = fresh else { break None };
             *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+        };
+        // The journal's last write stores the offsets it covers; then they are committed.
+        let _ = journal.await;
+        if let Some(consumer) = last {
+            if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+                tracing::debug!(error = %e, "final commit");
+            }
         }
         let _ = watch.await;
         tracing::info!("consumer stopped");
@@ -229,8 +256,10 @@ impl Pipeline {
             span.set("partition", i64::from(partition));
             span.set("offset", msg.offset());
             let ctx = *span.ctx();
+            let mut key = None;
             let result = async {
                 let ev = decode(msg.payload())?;
+                key = Some(ev.slug.clone());
                 let outcome = self.applier.apply(&ev, &shutdown).await?;
                 tracing::info!(slug = %ev.slug, version = ev.version,
                     outcome = outcome.label(), "link event applied");
@@ -255,7 +284,16 @@ impl Pipeline {
                 }
                 Err(ApplyError::Cancelled) => return,
             }
-            zlink_clients::kafka::store_done(&consumer, msg.topic(), partition, msg.offset());
+            // The offset is stored once the journal names the key (see `journal`).
+            self.journal.record(
+                key.as_deref(),
+                Done {
+                    consumer: consumer.clone(),
+                    topic: msg.topic().to_string(),
+                    partition,
+                    offset: msg.offset(),
+                },
+            );
         }
     }
 

@@ -3,11 +3,13 @@
 //!
 //! - [`consumer`]: the `links` consumer group, per-partition workers, offsets after S3, DLQ.
 //! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
+//! - [`journal`]: the change journal in S3 that tells lastresort what to forget.
 //! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
 //! - [`metrics`]: Prometheus metrics, one registry.
 
 pub mod apply;
 pub mod consumer;
+pub mod journal;
 pub mod metrics;
 pub mod reconcile;
 pub use zlink_clients::s3;

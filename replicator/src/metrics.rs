@@ -16,6 +16,8 @@ pub struct Metrics {
     pub consumer_lag: IntGaugeVec,
     /// Consumers replaced because they stalled (`zlink_clients::kafka::StallWatch`).
     pub consumer_resets: IntCounter,
+    /// Change-journal objects written.
+    pub journal_objects: IntCounter,
 }
 
 impl Metrics {
@@ -50,12 +52,16 @@ impl Metrics {
             "Kafka consumers replaced because they stalled",
         )
         .expect("metric");
+        let journal_objects =
+            IntCounter::new("journal_objects_total", "Change-journal objects written")
+                .expect("metric");
         for c in [
             Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(s3_failures.clone()),
             Box::new(create_to_s3_seconds.clone()),
             Box::new(consumer_lag.clone()),
             Box::new(consumer_resets.clone()),
+            Box::new(journal_objects.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -66,6 +72,7 @@ impl Metrics {
             create_to_s3_seconds,
             consumer_lag,
             consumer_resets,
+            journal_objects,
         }
     }
 

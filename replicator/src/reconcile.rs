@@ -5,7 +5,9 @@
 //! at most `concurrency` checks in flight. Phase 2 lists the bucket under the prefix, a page of
 //! 1000 keys at a time, and flags blobs with no link and tombstones with no gone link. Memory is bounded by the page
 //! sizes. Before a repair the link is re-read (SERIAL), so a link that changed meanwhile is
-//! left to the replicator instead of being overwritten with what reconcile saw earlier.
+//! left to the replicator instead of being overwritten with what reconcile saw earlier. Every
+//! repaired key is named in the change journal after its repair (see `journal`). Journal
+//! objects are neither checked nor removed here (the replicator prunes them).
 
 use crate::apply::{desired_for_link, Desired};
 use crate::s3::{KeyKind, S3Error, S3Store};
@@ -135,12 +137,22 @@ async fn check_link(ctx: &Ctx, link: zlink_store::Link) -> Result<Checked, Recon
             ctx.s3.delete(&link.slug).await?;
         }
     }
+    journal(ctx, &link.slug).await?;
     ctx.store
         .replicas
         .set_version(&link.slug, link.version)
         .await?;
     Ok(Checked::Repaired(drift, detail))
 }
+
+/// Names a repaired key in the change journal, so lastresort forgets what it held for it.
+/// (Repairs are rare: one journal object each.)
+async fn journal(ctx: &Ctx, key: &str) -> Result<(), S3Error> {
+    ctx.s3.put_journal(JOURNAL_WRITER, &[key.to_string()]).await
+}
+
+/// Reconcile's name in journal keys.
+const JOURNAL_WRITER: &str = "reconcile";
 
 fn label(d: Drift) -> &'static str {
     match d {
@@ -239,6 +251,7 @@ pub async fn reconcile(
                     KeyKind::Tombstone(slug) => ctx.store.links.get(slug).await?.is_some_and(|l| {
                         matches!(desired_for_link(&l, now_ms), Desired::Tombstone(_))
                     }),
+                    KeyKind::Journal => true,
                     KeyKind::Other => false,
                 };
             if known {
@@ -250,6 +263,9 @@ pub async fn reconcile(
                 emit(&format!("orphan\t{shown}\tno such link"));
             } else {
                 ctx.s3.delete_key(&key).await?;
+                if let KeyKind::Blob(k) | KeyKind::Tombstone(k) = ctx.s3.kind_of(&key) {
+                    journal(&ctx, k).await?;
+                }
                 report.repaired += 1;
                 emit(&format!("orphan\t{shown}\tno such link\trepaired"));
             }

@@ -148,6 +148,7 @@ pub async fn spawn_replicator_stalling_after(
         links_topic: n.links_topic,
         dlq_topic: n.dlq_topic,
         consumer_stall_secs: stall_secs,
+        journal_interval_ms: 200,
     };
     let db = Db::connect(&infra.store_config(keyspace))
         .await

@@ -204,12 +204,20 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
         )
         .await
         .unwrap();
-    // A fresh TTL of 1 ms: every request goes back to S3, so the stale copy is what saves it.
+    // A fresh TTL of 1 ms and no journal: every request goes back to S3, so the stale copy is
+    // what saves it.
     let lr = spawn_lastresort(
         &infra,
         &s3.endpoint,
         prefix,
-        &["--fresh-ttl-ms", "1", "--s3-budget-ms", "200"],
+        &[
+            "--fresh-ttl-ms",
+            "1",
+            "--journal-ttl-ms",
+            "0",
+            "--s3-budget-ms",
+            "200",
+        ],
     )
     .await;
     for slug in ["warm-a", "warm-b"] {
@@ -405,4 +413,181 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     assert!(lr.terminate().await.success());
     let (seen, _) = clicks_in_kafka(&kafka.brokers, &topic, &last).await;
     assert!(last.is_subset(&seen));
+}
+
+/// The change journal lets lastresort keep what S3 said for long and still take a link down
+/// within seconds: with answers from S3 kept for 10 minutes, a hot link is not read from S3
+/// again while nothing changes, and a link disabled through primary answers 410 on lastresort
+/// within 5 s (only the journal can tell it so soon), then 302 again once re-enabled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_takedown_reaches_lastresort_through_the_journal_while_hot_links_stay_in_memory() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
+    let p = spawn_primary(
+        &infra,
+        &ks,
+        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
+        None,
+    )
+    .await;
+    let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
+    let key = create_key(&p.state, "alice", false).await;
+    let slugs = ["hot-one", "taken-down"];
+    for slug in slugs {
+        let c = create(
+            &p.base,
+            &key,
+            json!({"url": format!("https://example.com/{slug}"), "slug": slug}),
+        )
+        .await;
+        assert_eq!(c.status(), StatusCode::CREATED);
+        assert!(
+            eventually_ok(&infra.blob_url(&n.s3_prefix, slug), Duration::from_secs(10)).await,
+            "{slug} replicated"
+        );
+    }
+    let lr = spawn_lastresort(
+        &infra,
+        &infra.s3_endpoint,
+        &n.s3_prefix,
+        &[
+            "--fresh-ttl-ms",
+            "200",
+            "--journal-ttl-ms",
+            "600000",
+            "--journal-poll-ms",
+            "500",
+        ],
+    )
+    .await;
+    let m = lr.state.metrics.clone();
+    // Trusted, and past the forgets of the creates' own journal objects (3 polls).
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let m = m.clone();
+            async move {
+                m.journal_trusted.get() == 1
+                    && m.journal_polls.with_label_values(&["ok"]).get() >= 4
+            }
+        })
+        .await,
+        "the journal is read"
+    );
+    for slug in slugs {
+        assert_eq!(
+            get(&lr.url(&format!("/{slug}"))).await.status(),
+            StatusCode::FOUND
+        );
+    }
+    let s3_reads = || m.cache.lookups.with_label_values(&["s3"]).get();
+    let before = s3_reads();
+    // Five times --fresh-ttl-ms: without the journal every answer would have been read again.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for _ in 0..10 {
+        for slug in slugs {
+            assert_eq!(
+                get(&lr.url(&format!("/{slug}"))).await.status(),
+                StatusCode::FOUND
+            );
+        }
+    }
+    assert_eq!(
+        s3_reads(),
+        before,
+        "hot links stay in memory while nothing changes"
+    );
+
+    set_status(&p.base, &key, "taken-down", "DISABLED").await;
+    let down = lr.url("/taken-down");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let u = down.clone();
+            async move { get(&u).await.status() == StatusCode::GONE }
+        })
+        .await,
+        "the takedown reaches lastresort within 5 s"
+    );
+    assert!(m.journal_forgets.get() >= 1);
+    assert_eq!(get(&lr.url("/hot-one")).await.status(), StatusCode::FOUND);
+    set_status(&p.base, &key, "taken-down", "ACTIVE").await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let u = down.clone();
+            async move { get(&u).await.status() == StatusCode::FOUND }
+        })
+        .await,
+        "and so does its return"
+    );
+    lr.stop().await;
+    r.stop().await;
+    p.stop().await;
+}
+
+/// When the journal cannot be read (S3 down) lastresort stops relying on it: every answer kept
+/// for long is forgotten (served from the stale copy meanwhile), and trust returns with S3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_readable_journal_lastresort_stops_keeping_answers_for_long() {
+    let infra = Infra::from_env();
+    let s3 = OwnS3::start(27200).await;
+    let prefix = "lr-journal/";
+    let mut cfg = infra.s3_config(prefix);
+    cfg.s3_endpoint = s3.endpoint.clone();
+    let writer = replicator::s3::S3Store::new(&cfg);
+    let b = Blob {
+        url: "https://example.com/warm".into(),
+        code: 302,
+        version: 1,
+        expires_at_ms: None,
+    };
+    writer.put("warm", &b).await.unwrap();
+    writer.put_journal("test", &["warm".into()]).await.unwrap();
+    let lr = spawn_lastresort(
+        &infra,
+        &s3.endpoint,
+        prefix,
+        &["--journal-poll-ms", "200", "--s3-budget-ms", "200"],
+    )
+    .await;
+    let m = lr.state.metrics.clone();
+    let trusted = |want: i64| {
+        let m = m.clone();
+        move || {
+            let m = m.clone();
+            async move { m.journal_trusted.get() == want }
+        }
+    };
+    assert!(eventually(Duration::from_secs(10), trusted(1)).await);
+    // Past the three forgets of the journal object above.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let m = m.clone();
+            async move { m.journal_polls.with_label_values(&["ok"]).get() >= 4 }
+        })
+        .await
+    );
+    assert_eq!(get(&lr.url("/warm")).await.status(), StatusCode::FOUND);
+    let stale = || m.cache.lookups.with_label_values(&["stale"]).get();
+    assert_eq!(stale(), 0);
+
+    s3.stop().await;
+    assert!(
+        eventually(Duration::from_secs(10), trusted(0)).await,
+        "3 failed polls: the journal is not trusted"
+    );
+    let r = get(&lr.url("/warm")).await;
+    assert_eq!(r.status(), StatusCode::FOUND);
+    assert_eq!(r.headers()["location"], "https://example.com/warm");
+    assert!(
+        stale() >= 1,
+        "the long-lived answer was forgotten: the stale copy answered"
+    );
+
+    s3.up().await;
+    assert!(
+        eventually(Duration::from_secs(30), trusted(1)).await,
+        "trusted again once S3 is back"
+    );
+    lr.stop().await;
 }

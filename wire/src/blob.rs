@@ -257,6 +257,71 @@ pub fn tombstone_key(prefix: &str, key: &str) -> String {
 
 pub const TOMBSTONE_BODY: &str = "gone\n";
 
+/// Folder of the change journal under the prefix (not servable, like [`TOMBSTONE_DIR`]).
+///
+/// Whoever changes blobs or tombstones (the replicator, `replicator reconcile`) also writes a
+/// journal object `<prefix>.journal/<ms>-<writer>`: the 13-digit time of the write and the
+/// writer's id, so keys sort by time; the body lists the changed link keys, one per line.
+/// Lastresort lists the journal every second and forgets what it lists, so it can keep the
+/// rest in memory for long: a change reaches it from S3 alone, within about a second.
+pub const JOURNAL_DIR: &str = ".journal/";
+
+/// The most keys one journal object lists (bounded: 300 bytes a key at most, < 1 MiB).
+pub const JOURNAL_MAX_KEYS: usize = 3000;
+
+/// A journal writer's id: 1-64 characters of `[A-Za-z0-9_.-]`.
+pub fn is_journal_writer(w: &str) -> bool {
+    (1..=64).contains(&w.len())
+        && w.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// The key of a journal object written at `at_ms` by `writer`.
+pub fn journal_key(prefix: &str, at_ms: i64, writer: &str) -> String {
+    debug_assert!(is_journal_writer(writer));
+    format!("{prefix}{JOURNAL_DIR}{:013}-{writer}", at_ms.max(0))
+}
+
+/// Where a listing of the journal written after `at_ms` starts (`StartAfter`).
+pub fn journal_start_after(prefix: &str, at_ms: i64) -> String {
+    format!("{prefix}{JOURNAL_DIR}{:013}", at_ms.max(0))
+}
+
+/// The write time of a journal object from its name under [`JOURNAL_DIR`]; `None` if the name
+/// is not one a writer makes.
+pub fn journal_time(name: &str) -> Option<i64> {
+    let (ms, writer) = name.split_at_checked(13)?;
+    let writer = writer.strip_prefix('-')?;
+    if !ms.bytes().all(|b| b.is_ascii_digit()) || !is_journal_writer(writer) {
+        return None;
+    }
+    ms.parse().ok()
+}
+
+/// A journal object's body: the keys, one per line.
+pub fn render_journal<'a>(keys: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = String::new();
+    for k in keys {
+        debug_assert!(crate::domain::is_valid_key(k));
+        out.push_str(k);
+        out.push('\n');
+    }
+    out
+}
+
+/// The link keys a journal body lists: only valid ones, at most [`JOURNAL_MAX_KEYS`]; the rest
+/// of the body (anything else) is ignored.
+pub fn parse_journal(body: &[u8]) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter(|l| crate::domain::is_valid_key(l))
+        .take(JOURNAL_MAX_KEYS)
+        .map(str::to_string)
+        .collect()
+}
+
 /// Why a link has a tombstone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GoneReason {
@@ -491,5 +556,34 @@ mod tests {
             prop_assert!(!e.contains(['"', '\'', '<', '>']));
             prop_assert_eq!(unescape_html(&e), Some(s));
         }
+    }
+
+    #[test]
+    fn journal_keys_sort_by_time_and_only_valid_names_and_lines_are_read() {
+        let a = journal_key("p/", 1_700_000_000_123, "replicator-1");
+        let b = journal_key("p/", 1_700_000_000_124, "a");
+        assert_eq!(a, "p/.journal/1700000000123-replicator-1");
+        assert!(a < b && journal_start_after("p/", 1_700_000_000_123) < a);
+        assert!(journal_start_after("p/", 1_700_000_000_124) < b);
+        let name = a.strip_prefix("p/.journal/").unwrap();
+        assert_eq!(journal_time(name), Some(1_700_000_000_123));
+        for bad in [
+            "",
+            "123-x",
+            "17000000001230replicator",
+            "1700000000123-",
+            "1700000000123-a/b",
+            "170000000012x-a",
+        ] {
+            assert_eq!(journal_time(bad), None, "{bad:?}");
+        }
+        let body = render_journal(["abc", "shop.example/x_1"]);
+        assert_eq!(body, "abc\nshop.example/x_1\n");
+        let mut evil = body.into_bytes();
+        evil.extend_from_slice(b"../etc\n<script>\n\nok-2\n");
+        assert_eq!(parse_journal(&evil), ["abc", "shop.example/x_1", "ok-2"]);
+        assert!(parse_journal(b"\xff\xfe").is_empty());
+        let many = "abc\n".repeat(JOURNAL_MAX_KEYS + 10);
+        assert_eq!(parse_journal(many.as_bytes()).len(), JOURNAL_MAX_KEYS);
     }
 }
