@@ -427,18 +427,18 @@ pub fn manual_store_consumer(
     c
 }
 
-/// After a receive error: if librdkafka declared the consumer dead (a fatal error, e.g. a static
-/// member fenced after its session ran out during a broker outage longer than
-/// `session.timeout.ms`), exits so the supervisor restarts the process with a fresh consumer.
-/// Nothing is lost: offsets are only ever stored after the work is durable.
-pub fn exit_if_fatal(consumer: &StreamConsumer) {
-    if let Some((code, reason)) = consumer.client().fatal_error() {
-        tracing::error!(
-            ?code,
-            reason,
-            "Kafka consumer failed fatally; exiting to be restarted"
-        );
-        std::process::exit(70);
+/// After a receive error: whether librdkafka declared the consumer dead (a fatal error, e.g. a
+/// static member fenced by a newer member with its instance id: the consumer that replaced a
+/// stalled one, or a stalled one that came back after its replacement joined). A dead consumer
+/// never consumes again; the caller replaces it ([`StallWatch`]'s replacement path). Nothing is
+/// lost: offsets are only ever stored after the work is durable.
+pub fn is_fatal(consumer: &StreamConsumer) -> bool {
+    match consumer.client().fatal_error() {
+        Some((code, reason)) => {
+            tracing::error!(?code, reason, "Kafka consumer failed fatally; replacing it");
+            true
+        }
+        None => false,
     }
 }
 

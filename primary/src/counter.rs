@@ -305,6 +305,12 @@ impl Counter {
                 break;
             }
             drop(consumer);
+            // A moment between replacements: two members fencing each other (a duplicate
+            // --group-instance-id) alternate once a second instead of spinning.
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
             match Self::connect(&self.cfg) {
                 Ok(fresh) => {
                     *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh)
@@ -370,6 +376,7 @@ impl Counter {
     }
 
     /// The next batch: blocks for the first message, then takes what arrives within the wait.
+    /// `None` at shutdown, or when the consumer failed fatally (it is then replaced).
     async fn next_batch(
         &self,
         consumer: &ClosingConsumer,
@@ -388,7 +395,10 @@ impl Counter {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    kafka::exit_if_fatal(consumer);
+                    if kafka::is_fatal(consumer) {
+                        self.metrics.consumer_resets.inc();
+                        return None;
+                    }
                     tokio::select! {
                         _ = shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -405,7 +415,10 @@ impl Counter {
                     Ok(m) => batch.push(m.detach()),
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka receive error");
-                        kafka::exit_if_fatal(consumer);
+                        if kafka::is_fatal(consumer) {
+                            self.metrics.consumer_resets.inc();
+                            return None;
+                        }
                         break;
                     }
                 },

@@ -177,6 +177,12 @@ impl Pipeline {
                 break Some(consumer);
             }
             drop(consumer);
+            // A moment between replacements: two members fencing each other (a duplicate
+            // --group-instance-id) alternate once a second instead of spinning.
+            tokio::select! {
+                _ = shutdown.cancelled() => break None,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
             let fresh = loop {
                 match Self::connect(&self.cfg) {
                     Ok(c) => break Some(c),
@@ -201,8 +207,8 @@ impl Pipeline {
         tracing::info!("consumer stopped");
     }
 
-    /// One consumer's loop: hands each message to its partition's worker until `stop`, then
-    /// waits for the workers.
+    /// One consumer's loop: hands each message to its partition's worker until `stop` (or the
+    /// consumer failed fatally), then waits for the workers.
     async fn consume(self: &Arc<Self>, consumer: &Arc<ClosingConsumer>, stop: &CancellationToken) {
         let mut workers: HashMap<i32, mpsc::Sender<(OwnedMessage, Busy)>> = HashMap::new();
         let mut tasks = tokio::task::JoinSet::new();
@@ -215,7 +221,10 @@ impl Pipeline {
                 Ok(m) => m.detach(),
                 Err(e) => {
                     tracing::warn!(error = %e, "kafka receive error");
-                    zlink_clients::kafka::exit_if_fatal(consumer);
+                    if zlink_clients::kafka::is_fatal(consumer) {
+                        self.metrics.consumer_resets.inc();
+                        break;
+                    }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }

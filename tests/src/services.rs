@@ -129,27 +129,28 @@ impl ReplicatorHandle {
 }
 
 pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> ReplicatorHandle {
-    spawn_replicator_stalling_after(infra, keyspace, brokers, 45).await
+    spawn_replicator_with(infra, keyspace, brokers, |_| {}).await
 }
 
-/// A replicator whose consumer is replaced after `stall_secs` without progress while events
-/// wait or Kafka does not answer (`--consumer-stall-secs`).
-pub async fn spawn_replicator_stalling_after(
+/// A replicator with its Kafka settings changed by `tune` (e.g. `consumer_stall_secs`,
+/// `group_instance_id`).
+pub async fn spawn_replicator_with(
     infra: &Infra,
     keyspace: &str,
     brokers: &str,
-    stall_secs: u64,
+    tune: impl FnOnce(&mut replicator::consumer::KafkaConfig),
 ) -> ReplicatorHandle {
     let n = names(keyspace);
-    let kafka = replicator::consumer::KafkaConfig {
+    let mut kafka = replicator::consumer::KafkaConfig {
         kafka: brokers.to_string(),
         group_id: n.group,
         group_instance_id: String::new(),
         links_topic: n.links_topic,
         dlq_topic: n.dlq_topic,
-        consumer_stall_secs: stall_secs,
+        consumer_stall_secs: 45,
         journal_interval_ms: 200,
     };
+    tune(&mut kafka);
     let db = Db::connect(&infra.store_config(keyspace))
         .await
         .expect("store");
@@ -318,7 +319,10 @@ pub async fn both_tiers_with_a_link(
     let mut primary_flags = kafka_flags.to_vec();
     primary_flags.extend(["--links-topic", &n.links_topic]);
     let primary = spawn_primary(infra, keyspace, &primary_flags, None).await;
-    let replicator = spawn_replicator_stalling_after(infra, keyspace, brokers, stall_secs).await;
+    let replicator = spawn_replicator_with(infra, keyspace, brokers, |k| {
+        k.consumer_stall_secs = stall_secs
+    })
+    .await;
     let key = create_key(&primary.state, "alice", false).await;
     let c = create(
         &primary.base,

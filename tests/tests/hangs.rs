@@ -645,3 +645,69 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
     replicator.stop().await;
     assert!(lr.terminate().await.success());
 }
+
+/// A replicator whose consumer is fenced by another member with its static instance id (what a
+/// stalled consumer coming back does to the one that replaced it) replaces it in-process, and
+/// that replacement fences the intruder in turn: replication goes on, nothing exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replicator_consumer_fenced_by_its_own_instance_id_is_replaced_and_replication_goes_on() {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let n = names(&ks);
+    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
+    let p = spawn_primary(
+        &infra,
+        &ks,
+        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
+        None,
+    )
+    .await;
+    let instance = format!("fenced-{ks}");
+    let r = spawn_replicator_with(&infra, &ks, &infra.kafka, |k| {
+        k.group_instance_id = instance.clone()
+    })
+    .await;
+    let key = create_key(&p.state, "alice", false).await;
+    let replicated = |slug: &'static str| {
+        let (base, key, url) = (
+            p.base.clone(),
+            key.clone(),
+            infra.blob_url(&n.s3_prefix, slug),
+        );
+        async move {
+            let c = create(
+                &base,
+                &key,
+                json!({"url": format!("https://example.com/{slug}"), "slug": slug}),
+            )
+            .await;
+            assert_eq!(c.status(), StatusCode::CREATED);
+            eventually_ok(&url, Duration::from_secs(60)).await
+        }
+    };
+    assert!(replicated("before-fence").await, "replicating before");
+
+    // An intruder joins the group under the replicator's instance id: the broker fences the
+    // replicator's consumer (a fatal error for it).
+    let intruder = zlink_clients::kafka::ClosingConsumer::new(
+        zlink_clients::kafka::manual_store_consumer(&infra.kafka, &n.group, &instance, 500)
+            .create::<StreamConsumer>()
+            .unwrap(),
+    );
+    intruder.subscribe(&[&n.links_topic]).unwrap();
+    let resets = r.metrics.consumer_resets.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while resets.get() == 0 && Instant::now() < deadline {
+        let _ = tokio::time::timeout(Duration::from_millis(200), intruder.recv()).await;
+    }
+    assert!(resets.get() >= 1, "the fenced consumer was replaced");
+    // The replacement took the instance id back: the intruder is the fenced one now.
+    assert!(
+        replicated("after-fence").await,
+        "the replacement replicates a link created after the fence"
+    );
+    drop(intruder);
+    r.stop().await;
+    p.stop().await;
+}
