@@ -17,12 +17,12 @@ use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zlink_clients::backoff::Backoff;
 use zlink_clients::kafka;
-use zlink_clients::kafka::{is_topic_name, Activity, ClosingConsumer, StallWatch};
+use zlink_clients::kafka::{is_topic_name, Activity, ClosingConsumer, Replaceable, StallWatch};
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
@@ -231,10 +231,8 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
 }
 
 pub struct Counter {
-    /// The consumer in use; replaced when it stalls.
-    consumer: RwLock<Arc<ClosingConsumer>>,
-    /// Cancelled to stop the current consumer's loop so a fresh consumer takes over.
-    generation: Mutex<CancellationToken>,
+    /// The consumer in use; replaced when it stalls or fails fatally.
+    consumer: Replaceable,
     activity: Arc<Activity>,
     clicks: Arc<ClickStore>,
     db: Arc<Db>,
@@ -244,11 +242,11 @@ pub struct Counter {
 
 impl Counter {
     pub async fn new(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
-        let consumer = Self::connect(cfg)?;
+        let connect_cfg = cfg.clone();
+        let consumer = Replaceable::new(move || Self::connect(&connect_cfg))?;
         let clicks = Arc::new(ClickStore::prepare(db.clone()).await?);
         Ok(Arc::new(Counter {
-            consumer: RwLock::new(Arc::new(consumer)),
-            generation: Mutex::new(CancellationToken::new()),
+            consumer,
             activity: Arc::default(),
             clicks,
             db,
@@ -258,7 +256,7 @@ impl Counter {
     }
 
     /// A consumer subscribed to the clicks topic.
-    fn connect(cfg: &CountConfig) -> anyhow::Result<ClosingConsumer> {
+    fn connect(cfg: &CountConfig) -> rdkafka::error::KafkaResult<ClosingConsumer> {
         // Only offsets of counted batches are ever committed.
         let consumer: StreamConsumer =
             kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
@@ -269,10 +267,7 @@ impl Counter {
     }
 
     fn consumer(&self) -> Arc<ClosingConsumer> {
-        self.consumer
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.consumer.current()
     }
 
     /// Serves the ops endpoint and counts until `shutdown`; commits what was counted. A
@@ -297,31 +292,14 @@ impl Counter {
         ));
         tasks.spawn(self.clone().probe(ops, shutdown.clone()));
         loop {
-            let generation = shutdown.child_token();
-            *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
-            let consumer = self.consumer();
-            self.consume(&consumer, &generation).await;
+            let (consumer, stop) = self.consumer.start(&shutdown);
+            self.consume(&consumer, &stop).await;
             if shutdown.is_cancelled() {
                 break;
             }
             drop(consumer);
-            // A moment between replacements: two members fencing each other (a duplicate
-            // --group-instance-id) alternate once a second instead of spinning.
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-            match Self::connect(&self.cfg) {
-                Ok(fresh) => {
-                    *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh)
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "creating a Kafka consumer failed");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
+            if !self.consumer.replace(&shutdown).await {
+                break;
             }
         }
         while tasks.join_next().await.is_some() {}
@@ -363,10 +341,7 @@ impl Counter {
                     "Kafka consumer stalled: clicks wait (or Kafka does not say) and none arrived; replacing it"
                 );
                 self.metrics.consumer_resets.inc();
-                self.generation
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cancel();
+                self.consumer.stop_current();
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -11,11 +11,11 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use zlink_clients::kafka::{Activity, Busy, ClosingConsumer, StallWatch};
+use zlink_clients::kafka::{Activity, Busy, ClosingConsumer, Replaceable, StallWatch};
 use zlink_clients::trace::{self, Span};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -79,10 +79,8 @@ impl KafkaConfig {
 }
 
 pub struct Pipeline {
-    /// The consumer in use; replaced when it stalls.
-    consumer: RwLock<Arc<ClosingConsumer>>,
-    /// Cancelled to stop the current consumer's loop so a fresh consumer takes over.
-    generation: Mutex<CancellationToken>,
+    /// The consumer in use; replaced when it stalls or fails fatally.
+    consumer: Replaceable,
     activity: Arc<Activity>,
     journal: Arc<Journal>,
     dlq: FutureProducer,
@@ -114,9 +112,9 @@ impl Pipeline {
             Duration::from_millis(cfg.journal_interval_ms),
             metrics.clone(),
         ));
+        let connect_cfg = cfg.clone();
         Ok(Arc::new(Pipeline {
-            consumer: RwLock::new(Arc::new(Self::connect(cfg)?)),
-            generation: Mutex::new(CancellationToken::new()),
+            consumer: Replaceable::new(move || Self::connect(&connect_cfg))?,
             activity: Arc::default(),
             journal,
             dlq,
@@ -127,7 +125,7 @@ impl Pipeline {
     }
 
     /// A consumer subscribed to the links topic.
-    fn connect(cfg: &KafkaConfig) -> anyhow::Result<ClosingConsumer> {
+    fn connect(cfg: &KafkaConfig) -> rdkafka::error::KafkaResult<ClosingConsumer> {
         // Only offsets we stored (after S3 confirmed) are ever committed.
         let consumer: StreamConsumer = zlink_clients::kafka::manual_store_consumer(
             &cfg.kafka,
@@ -144,10 +142,7 @@ impl Pipeline {
     }
 
     fn consumer(&self) -> Arc<ClosingConsumer> {
-        self.consumer
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.consumer.current()
     }
 
     /// Partitions the group currently assigns to this instance.
@@ -169,32 +164,15 @@ impl Pipeline {
         let watch = tokio::spawn(self.clone().watch(shutdown.clone()));
         let journal = tokio::spawn(self.journal.clone().run(shutdown.clone()));
         let last = loop {
-            let generation = shutdown.child_token();
-            *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation.clone();
-            let consumer = self.consumer();
-            self.consume(&consumer, &generation).await;
+            let (consumer, stop) = self.consumer.start(&shutdown);
+            self.consume(&consumer, &stop).await;
             if shutdown.is_cancelled() {
                 break Some(consumer);
             }
             drop(consumer);
-            // A moment between replacements: two members fencing each other (a duplicate
-            // --group-instance-id) alternate once a second instead of spinning.
-            tokio::select! {
-                _ = shutdown.cancelled() => break None,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            if !self.consumer.replace(&shutdown).await {
+                break None;
             }
-            let fresh = loop {
-                match Self::connect(&self.cfg) {
-                    Ok(c) => break Some(c),
-                    Err(e) => tracing::error!(error = %e, "creating a Kafka consumer failed"),
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => break None,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                }
-            };
-            let Some(fresh) = fresh else { break None };
-            *self.consumer.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
         };
         // The journal's last write stores the offsets it covers; then they are committed.
         let _ = journal.await;
@@ -375,10 +353,7 @@ impl Pipeline {
                     "Kafka consumer stalled: events wait (or Kafka does not say) and none arrived; replacing it"
                 );
                 self.metrics.consumer_resets.inc();
-                self.generation
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cancel();
+                self.consumer.stop_current();
             }
         }
     }

@@ -664,8 +664,10 @@ async fn a_replicator_consumer_fenced_by_its_own_instance_id_is_replaced_and_rep
     )
     .await;
     let instance = format!("fenced-{ks}");
+    // The stall watch out of the way: only the fatal error can replace the consumer here.
     let r = spawn_replicator_with(&infra, &ks, &infra.kafka, |k| {
-        k.group_instance_id = instance.clone()
+        k.group_instance_id = instance.clone();
+        k.consumer_stall_secs = 3600;
     })
     .await;
     let key = create_key(&p.state, "alice", false).await;
