@@ -43,6 +43,20 @@ impl PrimaryHandle {
     }
 }
 
+/// The keyspace's links and dead-letter topics on the shared Kafka, and a primary publishing its
+/// link events there.
+pub async fn primary_publishing_links(infra: &Infra, keyspace: &str) -> PrimaryHandle {
+    let n = names(keyspace);
+    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
+    spawn_primary(
+        infra,
+        keyspace,
+        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
+        None,
+    )
+    .await
+}
+
 /// Starts a primary on 127.0.0.1:0 over `keyspace`. `extra` are `primary serve` flags, parsed by
 /// the real CLI parser and validated like the binary does.
 pub async fn spawn_primary(

@@ -655,14 +655,7 @@ async fn a_replicator_consumer_fenced_by_its_own_instance_id_is_replaced_and_rep
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let n = names(&ks);
-    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
-    let p = spawn_primary(
-        &infra,
-        &ks,
-        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
-        None,
-    )
-    .await;
+    let p = primary_publishing_links(&infra, &ks).await;
     let instance = format!("fenced-{ks}");
     // The stall watch out of the way: only the fatal error can replace the consumer here.
     let r = spawn_replicator_with(&infra, &ks, &infra.kafka, |k| {

@@ -28,14 +28,7 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let n = names(&ks);
-    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
-    let p = spawn_primary(
-        &infra,
-        &ks,
-        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
-        None,
-    )
-    .await;
+    let p = primary_publishing_links(&infra, &ks).await;
     let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
     let lr = spawn_lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &[]).await;
     let key = create_key(&p.state, "alice", false).await;
@@ -424,14 +417,7 @@ async fn a_takedown_reaches_lastresort_through_the_journal_while_hot_links_stay_
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let n = names(&ks);
-    create_topics(&infra.kafka, &[(&n.links_topic, 3), (&n.dlq_topic, 1)]).await;
-    let p = spawn_primary(
-        &infra,
-        &ks,
-        &["--kafka", &infra.kafka, "--links-topic", &n.links_topic],
-        None,
-    )
-    .await;
+    let p = primary_publishing_links(&infra, &ks).await;
     let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
     let key = create_key(&p.state, "alice", false).await;
     let slugs = ["hot-one", "taken-down"];
