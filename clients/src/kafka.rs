@@ -1,7 +1,7 @@
 //! The Kafka client settings every zlink process shares, so producers agree on durability and
 //! every client comes back quickly after a broker restart.
 
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGaugeVec};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaResult;
@@ -231,6 +231,39 @@ impl Replaceable {
             .cancel();
     }
 
+    /// One round of a stall watch on `topic`: asks Kafka (off the runtime) how far the current
+    /// consumer is behind, sets `lag` per assigned partition and, when `stall` finds it stalled
+    /// (given what `activity` saw since the last round), counts it in `resets` and stops its loop
+    /// so the service replaces it. Returns the [`Backlog`] (its `answered` is Kafka's liveness).
+    pub async fn check_stall(
+        &self,
+        topic: &str,
+        stall: &mut StallWatch,
+        activity: &Activity,
+        lag: &IntGaugeVec,
+        resets: &IntCounter,
+    ) -> Backlog {
+        let (consumer, t) = (self.current(), topic.to_owned());
+        let backlog = tokio::task::spawn_blocking(move || backlog(&consumer, &t))
+            .await
+            .unwrap_or_default();
+        for (p, l) in &backlog.lags {
+            lag.with_label_values(&[&p.to_string()]).set(*l);
+        }
+        let (received, busy) = activity.take();
+        if stall.observe(Instant::now(), received, busy, &backlog) {
+            tracing::warn!(
+                topic,
+                waiting = ?backlog.waiting,
+                assigned = backlog.lags.len(),
+                "Kafka consumer stalled: messages wait (or Kafka does not say) and none arrived; replacing it"
+            );
+            resets.inc();
+            self.stop_current();
+        }
+        backlog
+    }
+
     /// After a loop ended other than by `shutdown`: a second later (two members fencing each
     /// other, e.g. a duplicate `--group-instance-id`, alternate once a second instead of
     /// spinning), a fresh consumer in place of the current one, retried every second. False if
@@ -308,6 +341,9 @@ pub struct Backlog {
     /// With nothing assigned: the group's committed offsets summed over the topic, so that a
     /// group making progress on another member is not taken for stalled.
     pub group_position: Option<i64>,
+    /// Kafka answered (a partition's watermarks or, with nothing assigned, the topic's
+    /// metadata): what readiness needs, without asking a second time.
+    pub answered: bool,
 }
 
 /// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
@@ -324,6 +360,7 @@ pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
             None
         };
         return Backlog {
+            answered: !lags.is_empty(),
             lags,
             waiting,
             group_position: None,
@@ -334,6 +371,10 @@ pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
     let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
         return Backlog::default();
     };
+    let answered = Backlog {
+        answered: true,
+        ..Backlog::default()
+    };
     let mut all = TopicPartitionList::new();
     for t in md.topics().iter().filter(|t| t.name() == topic) {
         for p in t.partitions() {
@@ -341,11 +382,11 @@ pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
         }
     }
     if all.count() == 0 {
-        return Backlog::default();
+        return answered;
     }
     // The coordinator not answering says nothing is known (and, if it lasts, is the stall).
     let Ok(committed) = consumer.committed_offsets(all, Duration::from_secs(2)) else {
-        return Backlog::default();
+        return answered;
     };
     let (mut waiting, mut known, mut position) = (false, true, 0i64);
     for e in committed.elements() {
@@ -368,6 +409,7 @@ pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
         lags: Vec::new(),
         waiting: (waiting || known).then_some(waiting),
         group_position: known.then_some(position),
+        answered: true,
     }
 }
 
@@ -500,7 +542,7 @@ pub fn manual_store_consumer(
 /// After a receive error: whether librdkafka declared the consumer dead (a fatal error, e.g. a
 /// static member fenced by a newer member with its instance id: the consumer that replaced a
 /// stalled one, or a stalled one that came back after its replacement joined). A dead consumer
-/// never consumes again; the caller replaces it ([`StallWatch`]'s replacement path). Nothing is
+/// never consumes again; the caller replaces it ([`Replaceable::replace`]). Nothing is
 /// lost: offsets are only ever stored after the work is durable.
 pub fn is_fatal(consumer: &StreamConsumer) -> bool {
     match consumer.client().fatal_error() {
@@ -617,9 +659,9 @@ mod tests {
         let t0 = std::time::Instant::now();
         let mut w = StallWatch::new(Duration::from_secs(20), t0);
         let group = |pos: i64| Backlog {
-            lags: Vec::new(),
             waiting: Some(true),
             group_position: Some(pos),
+            ..Backlog::default()
         };
         // Another member works through a backlog: its committed position moves.
         for (i, s) in (5..=60).step_by(5).enumerate() {

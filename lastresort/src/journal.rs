@@ -20,7 +20,10 @@ use tokio_util::sync::CancellationToken;
 /// How far back (writers' clocks, milliseconds) each poll lists the journal.
 pub const WINDOW_MS: i64 = 10_000;
 /// How far back the first listing reaches (this process's clock, so a writer whose clock is
-/// behind is still found), milliseconds.
+/// behind is still found), milliseconds. That first poll reads what it lists (a few hundred
+/// GETs at most, once per start) although this process has cached nothing yet: the host's
+/// memcached outlives it, and may hold answers that changed while no lastresort here was
+/// reading the journal.
 pub const FIRST_LOOKBACK_MS: i64 = 60_000;
 /// Journal objects read per poll at most (a backlog is read over several polls).
 const MAX_PER_POLL: usize = 500;

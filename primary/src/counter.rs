@@ -318,31 +318,18 @@ impl Counter {
         );
         loop {
             let store_ok = self.db.ping().await.is_ok();
-            let (consumer, topic) = (self.consumer(), self.cfg.clicks_topic.clone());
-            let (kafka_ok, backlog) = tokio::task::spawn_blocking(move || {
-                let ok = consumer
-                    .fetch_metadata(Some(&topic), Duration::from_secs(1))
-                    .is_ok();
-                (ok, kafka::backlog(&consumer, &topic))
-            })
-            .await
-            .unwrap_or_default();
-            ops.ready.store(store_ok && kafka_ok, Ordering::Relaxed);
-            for (p, lag) in &backlog.lags {
-                self.metrics
-                    .consumer_lag
-                    .with_label_values(&[&p.to_string()])
-                    .set(*lag);
-            }
-            let (received, busy) = self.activity.take();
-            if stall.observe(Instant::now(), received, busy, &backlog) {
-                tracing::warn!(
-                    waiting = ?backlog.waiting,
-                    "Kafka consumer stalled: clicks wait (or Kafka does not say) and none arrived; replacing it"
-                );
-                self.metrics.consumer_resets.inc();
-                self.consumer.stop_current();
-            }
+            let backlog = self
+                .consumer
+                .check_stall(
+                    &self.cfg.clicks_topic,
+                    &mut stall,
+                    &self.activity,
+                    &self.metrics.consumer_lag,
+                    &self.metrics.consumer_resets,
+                )
+                .await;
+            ops.ready
+                .store(store_ok && backlog.answered, Ordering::Relaxed);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}

@@ -81,19 +81,27 @@ pub fn answers<V: Answer>(
     ttl: Duration,
     missing_ttl: Option<Duration>,
 ) -> Cache<String, V> {
-    let b = Cache::builder()
-        .max_capacity(bytes)
-        .weigher(|k: &String, v: &V| v.weight(k));
     match missing_ttl {
-        Some(missing) => b
-            .expire_after(TtlByKind {
+        Some(missing) => by_kind(
+            bytes,
+            TtlByKind {
                 found: ttl,
                 short: ttl,
                 missing,
-            })
-            .build(),
-        None => b.time_to_live(ttl).build(),
+            },
+        ),
+        None => weighed(bytes).time_to_live(ttl).build(),
     }
+}
+
+fn weighed<V: Answer>(bytes: u64) -> moka::future::CacheBuilder<String, V, Cache<String, V>> {
+    Cache::builder()
+        .max_capacity(bytes)
+        .weigher(|k: &String, v: &V| v.weight(k))
+}
+
+fn by_kind<V: Answer>(bytes: u64, ttls: TtlByKind) -> Cache<String, V> {
+    weighed(bytes).expire_after(ttls).build()
 }
 
 pub struct LocalCache<V: Answer> {
@@ -124,15 +132,14 @@ impl<V: Answer> LocalCache<V> {
         metrics: CacheMetrics,
     ) -> Self {
         LocalCache {
-            cache: Cache::builder()
-                .max_capacity(bytes)
-                .weigher(|k: &String, v: &V| v.weight(k))
-                .expire_after(TtlByKind {
+            cache: by_kind(
+                bytes,
+                TtlByKind {
                     found: found_ttl,
                     short: short_ttl,
                     missing: missing_ttl,
-                })
-                .build(),
+                },
+            ),
             metrics,
         }
     }

@@ -333,28 +333,15 @@ impl Pipeline {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(WATCH_EVERY) => {}
             }
-            let (consumer, topic) = (self.consumer(), self.cfg.links_topic.clone());
-            let backlog = tokio::task::spawn_blocking(move || {
-                zlink_clients::kafka::backlog(&consumer, &topic)
-            })
-            .await
-            .unwrap_or_default();
-            for (p, lag) in &backlog.lags {
-                self.metrics
-                    .consumer_lag
-                    .with_label_values(&[&p.to_string()])
-                    .set(*lag);
-            }
-            let (received, busy) = self.activity.take();
-            if stall.observe(Instant::now(), received, busy, &backlog) {
-                tracing::warn!(
-                    waiting = ?backlog.waiting,
-                    assigned = self.assigned_partitions(),
-                    "Kafka consumer stalled: events wait (or Kafka does not say) and none arrived; replacing it"
-                );
-                self.metrics.consumer_resets.inc();
-                self.consumer.stop_current();
-            }
+            self.consumer
+                .check_stall(
+                    &self.cfg.links_topic,
+                    &mut stall,
+                    &self.activity,
+                    &self.metrics.consumer_lag,
+                    &self.metrics.consumer_resets,
+                )
+                .await;
         }
     }
 }

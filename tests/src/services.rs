@@ -308,29 +308,38 @@ pub async fn create_key(state: &AppState, owner: &str, admin: bool) -> String {
 
 /// Both redirect tiers on a Kafka of the test's own, with one link on both rungs.
 pub struct BothTiers {
-    /// Primary in-process, with `kafka_flags` and the keyspace's links topic.
+    /// Primary in-process, sending clicks to Kafka and link events to the keyspace's links topic.
     pub primary: PrimaryHandle,
     pub replicator: ReplicatorHandle,
-    /// A lastresort process with `kafka_flags`, reading the keyspace's S3 prefix.
+    /// A lastresort process sending clicks to Kafka, reading the keyspace's S3 prefix.
     pub lastresort: ServiceProcess,
     /// alice's API key (she owns the link).
     pub key: String,
 }
 
 /// Starts primary and the replicator on `brokers`, creates `slug` → `url` as alice, waits
-/// until it is in S3, then starts a lastresort. `kafka_flags` go to both tiers (they name
-/// `brokers` and the clicks topic); the replicator replaces a stalled consumer after
-/// `stall_secs`.
+/// until it is in S3, then starts a lastresort. Both tiers send clicks to `clicks_topic` on
+/// `brokers` (2 s send deadline) and get `extra` flags; the replicator replaces a stalled
+/// consumer after `stall_secs`.
 pub async fn both_tiers_with_a_link(
     infra: &Infra,
     keyspace: &str,
     brokers: &str,
-    (kafka_flags, stall_secs): (&[&str], u64),
+    (clicks_topic, extra, stall_secs): (&str, &[&str], u64),
     slug: &str,
     url: &str,
 ) -> BothTiers {
     let n = names(keyspace);
-    let mut primary_flags = kafka_flags.to_vec();
+    let mut kafka_flags = vec![
+        "--kafka",
+        brokers,
+        "--clicks-topic",
+        clicks_topic,
+        "--clicks-timeout-ms",
+        "2000",
+    ];
+    kafka_flags.extend(extra);
+    let mut primary_flags = kafka_flags.clone();
     primary_flags.extend(["--links-topic", &n.links_topic]);
     let primary = spawn_primary(infra, keyspace, &primary_flags, None).await;
     let replicator = spawn_replicator_with(infra, keyspace, brokers, |k| {
@@ -350,7 +359,7 @@ pub async fn both_tiers_with_a_link(
         "{slug} replicated"
     );
     let lastresort =
-        ServiceProcess::lastresort(infra, &infra.s3_endpoint, &n.s3_prefix, kafka_flags).await;
+        ServiceProcess::lastresort(infra, &infra.s3_endpoint, &n.s3_prefix, &kafka_flags).await;
     BothTiers {
         primary,
         replicator,

@@ -572,16 +572,6 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
     )
     .unwrap();
     let geo_db = geo_db.to_string_lossy().to_string();
-    let kafka_flags = [
-        "--kafka",
-        &kafka.brokers,
-        "--clicks-topic",
-        &topic,
-        "--clicks-timeout-ms",
-        "2000",
-        "--geoip-db",
-        &geo_db,
-    ];
     let BothTiers {
         primary: p,
         replicator,
@@ -591,7 +581,7 @@ async fn clicks_on_primary_and_lastresort_during_a_kafka_outage_are_counted_by_t
         &infra,
         &ks,
         &kafka.brokers,
-        (&kafka_flags, 45),
+        (&topic, &["--geoip-db", &geo_db], 45),
         "outage-clicks",
         "https://example.com/outage?a=1&b=<2>",
     )

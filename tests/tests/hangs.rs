@@ -496,14 +496,6 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
         &[(&n.links_topic, 3), (&n.dlq_topic, 1), (&topic, 6)],
     )
     .await;
-    let kafka_flags = [
-        "--kafka",
-        &kafka.brokers,
-        "--clicks-topic",
-        &topic,
-        "--clicks-timeout-ms",
-        "2000",
-    ];
     // Both consumers (the replicator's and the click counter's) are replaced after 5 s
     // without progress while Kafka does not answer: the freeze below is long enough for that
     // to happen, so the fresh consumers must take over after the thaw.
@@ -516,7 +508,7 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
         &infra,
         &ks,
         &kafka.brokers,
-        (&kafka_flags, 5),
+        (&topic, &[], 5),
         "frozen-kafka",
         "https://example.com/frozen-kafka",
     )
