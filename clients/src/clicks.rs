@@ -29,7 +29,14 @@ const MAX_REFERRER: usize = 1024;
 const MAX_USER_AGENT: usize = 512;
 const BATCH_RECORDS: usize = 1000;
 const BATCH_BYTES: usize = 1 << 20;
-/// How long the replayer waits for more clicks after the spool ran empty.
+/// The replayer's round: after a batch that was not full it waits until this long after that
+/// batch was read (and after the spool ran empty, this long once clicks arrive), so while
+/// clicks flow each process sends Kafka at most one produce request per round and per
+/// partition, with as many clicks as arrived meanwhile. Much of the broker's CPU per click is
+/// per request: with every little batch sent at once, back to back, Kafka spent 4.0-5.2 µs of
+/// CPU per click of a hot primary or lastresort run; paced, 2.1-3.7 µs (2026-11-25, same
+/// topology, wrk -t2 -c16 over 1,000 links). Clicks reach Kafka up to one round later, which
+/// nothing downstream notices.
 const LINGER: Duration = Duration::from_millis(50);
 /// How often, at most, the replayer writes its spool position while clicks keep coming.
 const POSITION_INTERVAL: Duration = Duration::from_millis(100);

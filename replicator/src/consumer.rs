@@ -9,13 +9,15 @@ use crate::journal::{Done, Journal};
 use crate::metrics::Metrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use zlink_clients::kafka::{Activity, Busy, ClosingConsumer, Replaceable, StallWatch};
+use zlink_clients::kafka::{
+    Activity, Busy, ClosingConsumer, HealingProducer, Replaceable, StallWatch,
+};
 use zlink_clients::trace::{self, Span};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -83,7 +85,8 @@ pub struct Pipeline {
     consumer: Replaceable,
     activity: Arc<Activity>,
     journal: Arc<Journal>,
-    dlq: FutureProducer,
+    /// Replaces itself after failed sends (a producer can stay stuck after a broker freeze).
+    dlq: HealingProducer,
     cfg: KafkaConfig,
     applier: Arc<Applier>,
     metrics: Arc<Metrics>,
@@ -98,8 +101,10 @@ impl Pipeline {
         applier: Arc<Applier>,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Arc<Self>> {
-        let dlq: FutureProducer =
-            zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq").create()?;
+        let dlq = HealingProducer::new(
+            zlink_clients::kafka::producer(&cfg.kafka, "zlink-replicator-dlq"),
+            metrics.dlq_producer_resets.clone(),
+        )?;
         // The journal writer's name: the stable instance id, else one unique to this process.
         let writer = if cfg.group_instance_id.is_empty() {
             format!("r{}-{:x}", std::process::id(), zlink_clients::now_ms())
@@ -310,9 +315,16 @@ impl Pipeline {
             if let Some(p) = msg.payload() {
                 record = record.payload(p);
             }
-            match self.dlq.send(record, Duration::from_secs(5)).await {
-                Ok(_) => return true,
-                Err((e, _)) => tracing::warn!(error = %e, "dead-letter publish failed; retrying"),
+            let used = self.dlq.producer();
+            match used.send(record, Duration::from_secs(5)).await {
+                Ok(_) => {
+                    self.dlq.delivered(&used);
+                    return true;
+                }
+                Err((e, _)) => {
+                    tracing::warn!(error = %e, "dead-letter publish failed; retrying");
+                    self.dlq.failed(&used);
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return false,

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub consumer_lag: IntGaugeVec,
     /// Consumers replaced because they stalled (`zlink_clients::kafka::StallWatch`).
     pub consumer_resets: IntCounter,
+    /// Dead-letter producers replaced after consecutive failed sends (`HealingProducer`).
+    pub dlq_producer_resets: IntCounter,
     /// Change-journal objects written.
     pub journal_objects: IntCounter,
 }
@@ -52,6 +54,11 @@ impl Metrics {
             "Kafka consumers replaced because they stalled",
         )
         .expect("metric");
+        let dlq_producer_resets = IntCounter::new(
+            "dlq_producer_resets_total",
+            "Dead-letter Kafka producers replaced after consecutive failed sends",
+        )
+        .expect("metric");
         let journal_objects =
             IntCounter::new("journal_objects_total", "Change-journal objects written")
                 .expect("metric");
@@ -61,6 +68,7 @@ impl Metrics {
             Box::new(create_to_s3_seconds.clone()),
             Box::new(consumer_lag.clone()),
             Box::new(consumer_resets.clone()),
+            Box::new(dlq_producer_resets.clone()),
             Box::new(journal_objects.clone()),
         ] {
             registry.register(c).expect("registered once");
@@ -72,6 +80,7 @@ impl Metrics {
             create_to_s3_seconds,
             consumer_lag,
             consumer_resets,
+            dlq_producer_resets,
             journal_objects,
         }
     }

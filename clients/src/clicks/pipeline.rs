@@ -378,6 +378,7 @@ async fn replay(
     loop {
         metrics.observe(&spool);
         let stopping = stop.is_cancelled();
+        let read_at = tokio::time::Instant::now();
         let batch;
         (reader, batch) = read_batch(reader).await;
         let batch = match batch {
@@ -420,6 +421,8 @@ async fn replay(
             continue;
         }
         let n = batch.records.len() as u64;
+        let full = batch.records.len() >= BATCH_RECORDS
+            || batch.records.iter().map(Vec::len).sum::<usize>() >= BATCH_BYTES / 2;
         let used = producer.producer();
         let sent = tokio::select! {
             _ = &mut give_up => break,
@@ -437,6 +440,13 @@ async fn replay(
                     reader.rewind();
                 }
                 delay.reset();
+                if !full {
+                    // More clicks arrive while we wait: the next batch carries them all.
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep_until(read_at + LINGER) => {}
+                    }
+                }
             }
             Err(e) => {
                 metrics.replay_failures.inc();
