@@ -40,6 +40,61 @@ pub const ABANDON_AFTER_MS: i64 = 30_000;
 const LEASE: &str = "outbox-relay";
 const LEASE_TTL_S: i32 = 10;
 const SWEEP_BATCH: i32 = 500;
+/// How far before the last scan's end a shard's next scan starts when that scan found nothing
+/// live: a row carries its primary's clock at the start of its request, so one that is written
+/// late (a slow request) or by a primary whose clock is behind still falls in the next scan.
+const SWEEP_OVERLAP_MS: i64 = 60_000;
+/// Every this often the sweeper scans each shard from its start (a row older than the overlap
+/// — a primary's clock far behind — is found then).
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Where each outbox shard's next sweep starts. Published rows are deleted, and Cassandra
+/// keeps a deleted row as a tombstone that every scan over it reads, until gc_grace (10 days)
+/// has passed and compaction dropped it: a scan from the start of a shard would read every
+/// change of the last 10 days, every second, and at a few hundred thousand changes per shard
+/// it fails outright (Cassandra's tombstone_failure_threshold, 100,000). A shard's scan starts
+/// at the oldest row the previous scan found still there, else [`SWEEP_OVERLAP_MS`] before
+/// where it ended; every [`FULL_SWEEP_EVERY`], and when this instance takes the lease, from
+/// the start.
+struct SweepMarks {
+    from: Vec<i64>,
+    full_at: Option<std::time::Instant>,
+}
+
+impl SweepMarks {
+    fn new() -> Self {
+        SweepMarks {
+            from: vec![i64::MIN; OUTBOX_SHARDS as usize],
+            full_at: None,
+        }
+    }
+
+    /// Where each shard's scan starts this round (all from the start when a full sweep is due).
+    fn start(&mut self, now: std::time::Instant) {
+        if self
+            .full_at
+            .is_none_or(|t| now.duration_since(t) >= FULL_SWEEP_EVERY)
+        {
+            self.from.fill(i64::MIN);
+            self.full_at = Some(now);
+        }
+    }
+
+    fn from(&self, shard: i32) -> i64 {
+        self.from[shard as usize]
+    }
+
+    /// A scan of `shard` up to `before_ms` found `oldest_left` as its oldest row still there
+    /// after the sweep (None: none left).
+    fn scanned(&mut self, shard: i32, before_ms: i64, oldest_left: Option<i64>) {
+        self.from[shard as usize] = oldest_left.unwrap_or(before_ms - SWEEP_OVERLAP_MS);
+    }
+
+    /// The lease went elsewhere: whoever had it may have left rows anywhere.
+    fn reset(&mut self) {
+        self.full_at = None;
+    }
+}
 
 pub struct KafkaSettings {
     pub brokers: String,
@@ -137,39 +192,52 @@ impl Relay {
             .map_err(|e| format!("outbox delete: {e}"))
     }
 
-    /// The sweeper's decision for one outbox row.
-    async fn sweep_row(&self, row: &OutboxRow, now: i64) -> Result<(), StoreError> {
+    /// The sweeper's decision for one outbox row; true if the row is gone.
+    async fn sweep_row(&self, row: &OutboxRow, now: i64) -> Result<bool, StoreError> {
         match self.store.links.get_serial(&row.slug).await? {
             Some(link) if link.version >= row.version => {
                 let ev = link_event(current_kind(&link), &link, now);
                 if let Err(e) = self.publish_and_clear(&ev, row).await {
                     tracing::warn!(slug = %row.slug, error = %e, "outbox sweep: publish failed; will retry");
+                    return Ok(false);
                 }
+                Ok(true)
             }
             _ if row.at_ms < now - ABANDON_AFTER_MS => {
                 tracing::info!(slug = %row.slug, version = row.version, "outbox row for a change that never happened; dropping");
                 self.store.outbox.delete(row).await?;
+                Ok(true)
             }
-            _ => {}
+            _ => Ok(false),
         }
-        Ok(())
     }
 
-    async fn sweep(&self) -> Result<usize, StoreError> {
+    async fn sweep(&self, marks: &mut SweepMarks) -> Result<usize, StoreError> {
         let now = self.clock.now_ms();
+        let before = now - SWEEP_AFTER_MS;
         let mut seen = 0;
         let mut oldest = now;
+        marks.start(std::time::Instant::now());
         for shard in 0..OUTBOX_SHARDS {
             let rows = self
                 .store
                 .outbox
-                .scan(shard, now - SWEEP_AFTER_MS, SWEEP_BATCH)
+                .scan(shard, marks.from(shard), before, SWEEP_BATCH)
                 .await?;
             seen += rows.len();
             oldest = rows.iter().map(|r| r.at_ms).fold(oldest, i64::min);
+            // Oldest first: the first row that is still there after its turn bounds the next
+            // scan (a full page leaves its last row as the bound at worst).
+            let mut left = None;
             for row in &rows {
-                self.sweep_row(row, now).await?;
+                if !self.sweep_row(row, now).await? && left.is_none() {
+                    left = Some(row.at_ms);
+                }
             }
+            if rows.len() == SWEEP_BATCH as usize && left.is_none() {
+                left = rows.last().map(|r| r.at_ms);
+            }
+            marks.scanned(shard, before, left);
         }
         self.metrics.outbox_backlog.set(seen as i64);
         self.metrics
@@ -239,6 +307,7 @@ impl Relay {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut marks = SweepMarks::new();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -253,6 +322,7 @@ impl Relay {
                 Ok(true) => {}
                 Ok(false) => {
                     // Another instance sweeps and reports the backlog.
+                    marks.reset();
                     self.metrics.outbox_backlog.set(0);
                     self.metrics.outbox_oldest_age.set(0.0);
                     continue;
@@ -262,7 +332,7 @@ impl Relay {
                     continue;
                 }
             }
-            if let Err(e) = self.sweep().await {
+            if let Err(e) = self.sweep(&mut marks).await {
                 tracing::warn!(error = %e, "outbox sweep failed");
             }
             match self.expire_due().await {
@@ -315,5 +385,49 @@ impl EventSink for KafkaSink {
 
     fn close(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         Box::pin(self.clicks.shutdown())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_shard_scan_starts_at_its_oldest_row_left_else_an_overlap_before_the_last_end() {
+        let mut m = SweepMarks::new();
+        let t0 = Instant::now();
+        m.start(t0);
+        assert_eq!(
+            m.from(3),
+            i64::MIN,
+            "the first sweep reads every shard from its start"
+        );
+        m.scanned(3, 100_000, None);
+        m.scanned(4, 100_000, Some(42_000));
+        m.start(t0 + Duration::from_secs(1));
+        assert_eq!(m.from(3), 100_000 - SWEEP_OVERLAP_MS);
+        assert_eq!(m.from(4), 42_000, "a row still there bounds the next scan");
+        assert_eq!(
+            m.from(5),
+            i64::MIN,
+            "a shard not scanned yet starts at its start"
+        );
+    }
+
+    #[test]
+    fn every_shard_is_read_from_its_start_again_after_the_full_sweep_period_or_a_lost_lease() {
+        let mut m = SweepMarks::new();
+        let t0 = Instant::now();
+        m.start(t0);
+        m.scanned(0, 100_000, None);
+        m.start(t0 + FULL_SWEEP_EVERY - Duration::from_secs(1));
+        assert_eq!(m.from(0), 100_000 - SWEEP_OVERLAP_MS);
+        m.start(t0 + FULL_SWEEP_EVERY);
+        assert_eq!(m.from(0), i64::MIN);
+        m.scanned(0, 200_000, None);
+        m.reset();
+        m.start(t0 + FULL_SWEEP_EVERY + Duration::from_secs(1));
+        assert_eq!(m.from(0), i64::MIN, "after the lease came back");
     }
 }

@@ -71,7 +71,7 @@ impl Outbox {
             scan: db
                 .prepare(
                     "SELECT shard, at_ms, slug, version, traceparent FROM outbox \
-                     WHERE shard = ? AND at_ms < ? LIMIT ?",
+                     WHERE shard = ? AND at_ms >= ? AND at_ms < ? LIMIT ?",
                     true,
                     false,
                 )
@@ -114,13 +114,21 @@ impl Outbox {
     }
 
     /// Rows of one shard written before `before_ms`, oldest first.
+    /// Rows of `shard` written at `from_ms` or later and before `before_ms`, oldest first, at
+    /// most `limit`. Cassandra reads every deleted row (tombstone) of the range too, until
+    /// gc_grace has passed and compaction dropped it: callers keep `from_ms` as late as they can.
     pub async fn scan(
         &self,
         shard: i32,
+        from_ms: i64,
         before_ms: i64,
         limit: i32,
     ) -> Result<Vec<OutboxRow>, StoreError> {
-        all::<OutboxRow>(self.db.exec(&self.scan, (shard, before_ms, limit)).await?)
+        all::<OutboxRow>(
+            self.db
+                .exec(&self.scan, (shard, from_ms, before_ms, limit))
+                .await?,
+        )
     }
 
     pub async fn delete(&self, row: &OutboxRow) -> Result<(), StoreError> {
