@@ -90,6 +90,16 @@ impl SweepMarks {
         self.from[shard as usize] = oldest_left.unwrap_or(before_ms - SWEEP_OVERLAP_MS);
     }
 
+    /// The scan of `shard` up to `before_ms` failed. One from the shard's start (too many
+    /// tombstones for Cassandra, or the store down) is not tried again before the next full
+    /// sweep: until then the shard is scanned from [`SWEEP_OVERLAP_MS`] before `before_ms`.
+    fn failed(&mut self, shard: i32, before_ms: i64) {
+        let from = &mut self.from[shard as usize];
+        if *from == i64::MIN {
+            *from = before_ms - SWEEP_OVERLAP_MS;
+        }
+    }
+
     /// The lease went elsewhere: whoever had it may have left rows anywhere.
     fn reset(&mut self) {
         self.full_at = None;
@@ -219,11 +229,12 @@ impl Relay {
         let mut oldest = now;
         marks.start(std::time::Instant::now());
         for shard in 0..OUTBOX_SHARDS {
-            let rows = self
+            let scanned = self
                 .store
                 .outbox
                 .scan(shard, marks.from(shard), before, SWEEP_BATCH)
-                .await?;
+                .await;
+            let rows = scanned.inspect_err(|_| marks.failed(shard, before))?;
             seen += rows.len();
             oldest = rows.iter().map(|r| r.at_ms).fold(oldest, i64::min);
             // Oldest first: the first row that is still there after its turn bounds the next
@@ -416,7 +427,7 @@ mod tests {
     }
 
     #[test]
-    fn every_shard_is_read_from_its_start_again_after_the_full_sweep_period_or_a_lost_lease() {
+    fn every_shard_is_read_from_its_start_again_after_the_full_sweep_period() {
         let mut m = SweepMarks::new();
         let t0 = Instant::now();
         m.start(t0);
@@ -425,9 +436,35 @@ mod tests {
         assert_eq!(m.from(0), 100_000 - SWEEP_OVERLAP_MS);
         m.start(t0 + FULL_SWEEP_EVERY);
         assert_eq!(m.from(0), i64::MIN);
+    }
+
+    #[test]
+    fn a_failed_scan_from_the_start_is_not_retried_before_the_next_full_sweep() {
+        let mut m = SweepMarks::new();
+        let t0 = Instant::now();
+        m.start(t0);
+        m.failed(1, 100_000);
+        m.scanned(2, 100_000, Some(7_000));
+        m.failed(2, 100_000);
+        m.start(t0 + Duration::from_secs(1));
+        assert_eq!(m.from(1), 100_000 - SWEEP_OVERLAP_MS);
+        assert_eq!(
+            m.from(2),
+            7_000,
+            "an incremental scan that failed keeps its start"
+        );
+        m.start(t0 + FULL_SWEEP_EVERY);
+        assert_eq!(m.from(1), i64::MIN);
+    }
+
+    #[test]
+    fn a_lost_lease_means_a_full_sweep_when_it_comes_back() {
+        let mut m = SweepMarks::new();
+        let t0 = Instant::now();
+        m.start(t0);
         m.scanned(0, 200_000, None);
         m.reset();
-        m.start(t0 + FULL_SWEEP_EVERY + Duration::from_secs(1));
-        assert_eq!(m.from(0), i64::MIN, "after the lease came back");
+        m.start(t0 + Duration::from_secs(1));
+        assert_eq!(m.from(0), i64::MIN);
     }
 }
