@@ -149,6 +149,28 @@ impl HealingProducer {
         }
     }
 
+    /// Sends one record on the current producer and reports its outcome ([`Self::delivered`],
+    /// [`Self::failed`]): what a caller that sends one message at a time needs.
+    pub async fn send<K, P>(
+        &self,
+        record: rdkafka::producer::FutureRecord<'_, K, P>,
+        queue_timeout: Duration,
+    ) -> rdkafka::producer::future_producer::OwnedDeliveryResult
+    where
+        K: rdkafka::message::ToBytes + ?Sized,
+        P: rdkafka::message::ToBytes + ?Sized,
+    {
+        let used = self.producer();
+        let sent = used.send(record, queue_timeout).await;
+        match &sent {
+            Ok(_) => self.delivered(&used),
+            Err(_) => {
+                self.failed(&used);
+            }
+        }
+        sent
+    }
+
     /// A send on `used` failed; returns true if that replaced the producer. Failures of a
     /// producer already replaced do not count against the new one.
     pub fn failed(&self, used: &SharedProducer) -> bool {

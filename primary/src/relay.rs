@@ -170,10 +170,8 @@ impl Relay {
                 key: trace::TRACEPARENT,
                 value: Some(tp.as_str()),
             }));
-        let producer = self.producer.producer();
-        match producer.send(record, Duration::from_secs(5)).await {
+        match self.producer.send(record, Duration::from_secs(5)).await {
             Ok(d) => {
-                self.producer.delivered(&producer);
                 span.set("partition", i64::from(d.partition));
                 self.metrics
                     .events
@@ -182,7 +180,6 @@ impl Relay {
                 Ok(())
             }
             Err((e, _)) => {
-                self.producer.failed(&producer);
                 span.fail(&e);
                 self.metrics.publish_errors.inc();
                 Err(e)

@@ -315,16 +315,9 @@ impl Pipeline {
             if let Some(p) = msg.payload() {
                 record = record.payload(p);
             }
-            let used = self.dlq.producer();
-            match used.send(record, Duration::from_secs(5)).await {
-                Ok(_) => {
-                    self.dlq.delivered(&used);
-                    return true;
-                }
-                Err((e, _)) => {
-                    tracing::warn!(error = %e, "dead-letter publish failed; retrying");
-                    self.dlq.failed(&used);
-                }
+            match self.dlq.send(record, Duration::from_secs(5)).await {
+                Ok(_) => return true,
+                Err((e, _)) => tracing::warn!(error = %e, "dead-letter publish failed; retrying"),
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
