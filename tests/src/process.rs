@@ -25,10 +25,7 @@ impl ServiceProcess {
         spool: Option<TempDir>,
         json_log: Option<&std::path::Path>,
     ) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
         let mut cmd = tokio::process::Command::new(bin(bin_name));
         cmd.args(argv)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -50,13 +47,29 @@ impl ServiceProcess {
         }
     }
 
-    /// Waits until `/readyz` answers 2xx (at most 30 s).
-    pub async fn ready(self) -> Self {
-        assert!(
-            eventually_ok(&format!("{}/readyz", self.base), Duration::from_secs(30)).await,
-            "{} ready",
-            self.base
-        );
+    /// Waits until `/readyz` answers 2xx (at most 30 s); fails at once, with its exit status,
+    /// if the process ended first.
+    pub async fn ready(mut self) -> Self {
+        let url = format!("{}/readyz", self.base);
+        let mut exited = None;
+        let ready = eventually(Duration::from_secs(30), || {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                exited = Some(status);
+            }
+            let (u, done) = (url.clone(), exited.is_some());
+            async move {
+                done || client()
+                    .get(&u)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+        if let Some(status) = exited {
+            panic!("{} exited before it was ready: {status}", self.base);
+        }
+        assert!(ready, "{} ready", self.base);
         self
     }
 
@@ -224,11 +237,31 @@ impl Drop for TempDir {
 
 /// A memcached server of the test's own (so a test can stop it without touching others).
 /// A loopback port that was free a moment ago (for servers that cannot listen on port 0).
+///
+/// Taken from 30000-32767: below the kernel's ephemeral range (32768+), where an outgoing
+/// connection could take it between this check and the server's bind (a counter process died
+/// on `Address already in use` that way in CI on 2026-11-25), and above every fixed port base
+/// the scripts and tests use (21000, 23000, 26000-27200, 29000, each + at most 492). One cursor
+/// per process, starting at a place that depends on the pid, so parallel tests and test
+/// binaries do not hand out the same port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 30000;
+    const COUNT: u32 = 32768 - FIRST;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % COUNT,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..COUNT {
+        let port = (FIRST + NEXT.fetch_add(1, Ordering::Relaxed) % COUNT) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}-32767");
 }
 
 pub(crate) fn is_root() -> bool {
