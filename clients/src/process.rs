@@ -9,6 +9,29 @@ use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
+/// The runtime's shape, on the command line of both redirect tiers.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RuntimeArgs {
+    /// Threads that run the async work, requests included (tokio workers); 0: one per CPU
+    /// this process may use. Where the cores are shared with nginx, the other services and
+    /// the load, fewer workers than cores cost less CPU per request: fewer wake-ups and
+    /// context switches (the local topology runs 1 on its 2 cores; ARCHITECTURE.md,
+    /// "Performance").
+    #[arg(long, env = "ZLINK_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+}
+
+/// The multi-thread runtime a binary runs on: `workers` workers (0: one per CPU, or
+/// `TOKIO_WORKER_THREADS`), I/O and timers on.
+pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all();
+    if workers > 0 {
+        b.worker_threads(workers);
+    }
+    b.build()
+}
+
 /// `tracing` to stderr (stdout carries command output, e.g. a created API key), filtered by
 /// `RUST_LOG` (default info), colours only on a terminal. With `ZLINK_LOG_FORMAT=json`, one
 /// flat JSON object per line ([`FlatJson`]): the fields of every enclosing span (a request's

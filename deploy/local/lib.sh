@@ -317,6 +317,11 @@ zl_secret() {
   fi
   cat "$f"
 }
+# Runtime workers of a redirect tier (--worker-threads): 1 here, where two cores are shared by
+# every server of the topology (and the load): one worker costs less CPU per redirect than one
+# per core (fewer wake-ups and context switches; ARCHITECTURE.md, "Performance"). Override
+# with ZLINK_WORKER_THREADS (0: one per core).
+zl_worker_threads() { export ZLINK_WORKER_THREADS="${ZLINK_WORKER_THREADS:-1}"; }
 zl_start_primary() {
   local name="$1"
   zl_primary_env
@@ -325,6 +330,7 @@ zl_start_primary() {
     ZLINK_SLUG_KEY="$(zl_secret slug-key)"
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
     export ZLINK_SLUG_KEY ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
+    zl_worker_threads
     zl_spawn "$name" "$(zl_bin primary)" serve \
       --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" \
       --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
@@ -497,6 +503,7 @@ zl_start_lastresort() {
     # down), the shared IP-hash salt. Nothing of primary's.
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
     export ZLINK_IP_HASH_SALT ZLINK_SHORT_DOMAINS RUST_LOG="${RUST_LOG:-info}"
+    zl_worker_threads
     zl_spawn "$name" $(zl_site_exec) "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
       --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
       --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"

@@ -25,6 +25,8 @@ pub struct Config {
     /// Traces (W3C traceparent from trusted proxies, OTLP export) and redirect log sampling.
     #[command(flatten)]
     pub trace: zlink_clients::trace::TraceArgs,
+    #[command(flatten)]
+    pub runtime: zlink_clients::process::RuntimeArgs,
     /// Kafka bootstrap servers that spooled clicks are replayed to whenever reachable. Nothing
     /// on the redirect path waits for Kafka; it may be down for days.
     #[arg(long, env = "ZLINK_KAFKA")]

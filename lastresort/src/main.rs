@@ -4,13 +4,18 @@ use lastresort::config::Config;
 use lastresort::metrics::Metrics;
 use std::sync::Arc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     zlink_clients::process::init_tracing();
     let cfg = Config::parse();
     if let Err(e) = cfg.validate() {
         bail!("invalid configuration: {e}");
     }
+    zlink_clients::process::runtime(cfg.runtime.worker_threads)
+        .context("starting the runtime")?
+        .block_on(serve(cfg))
+}
+
+async fn serve(cfg: Config) -> anyhow::Result<()> {
     zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = zlink_clients::process::shutdown_on_signals();
     let state = lastresort::state(&cfg, Arc::new(Metrics::new())).map_err(anyhow::Error::msg)?;

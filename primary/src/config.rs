@@ -114,6 +114,8 @@ pub struct ServeConfig {
     /// Traces (W3C traceparent from trusted proxies, OTLP export) and redirect log sampling.
     #[command(flatten)]
     pub trace: zlink_clients::trace::TraceArgs,
+    #[command(flatten)]
+    pub runtime: zlink_clients::process::RuntimeArgs,
 
     /// memcached address host:port; empty disables the shared cache layer.
     #[arg(long, env = "ZLINK_MEMCACHED", default_value = "")]

@@ -50,10 +50,20 @@ async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     init_tracing();
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    let workers = match &command {
+        Command::Serve(cfg) => cfg.runtime.worker_threads,
+        _ => 0,
+    };
+    zlink_clients::process::runtime(workers)
+        .context("starting the runtime")?
+        .block_on(run(command))
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Serve(cfg) => serve(*cfg).await,
         Command::CountClicks(cfg) => count_clicks(*cfg).await,
         Command::Migrate {

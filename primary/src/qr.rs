@@ -118,10 +118,16 @@ pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
         return Err(ApiError::Gone);
     }
     let short_url = state.short_url(&link.slug);
-    let (body, content_type) = match format {
-        Format::Svg => (Bytes::from(svg(&short_url, size)?), "image/svg+xml"),
-        Format::Png => (Bytes::from(png(&short_url, size)?), "image/png"),
-    };
+    // Rendered on a blocking thread: a 2048-pixel PNG is milliseconds of CPU, which on a
+    // runtime with one worker (`--worker-threads 1`) every redirect would wait behind.
+    let (body, content_type) = tokio::task::spawn_blocking(move || {
+        Ok::<_, ApiError>(match format {
+            Format::Svg => (Bytes::from(svg(&short_url, size)?), "image/svg+xml"),
+            Format::Png => (Bytes::from(png(&short_url, size)?), "image/png"),
+        })
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("qr code: {e}")))??;
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
