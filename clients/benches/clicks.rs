@@ -1,5 +1,5 @@
 //! The per-redirect cost of recording a click: building the event and appending it to the
-//! spool (one `write(2)`, fsync in the background). Run: `cargo bench -p zlink-clients`.
+//! spool (a copy into the mapped segment, fsync in the background). Run: `cargo bench -p zlink-clients`.
 //! The append benchmark writes a few hundred MB to the temp dir (deleted afterwards).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -60,9 +60,10 @@ fn bench(c: &mut Criterion) {
         ),
         Some(&trace),
     );
-    g.bench_function("spool append (write, fsync every 1024 or 20 ms)", |b| {
-        b.iter(|| spool.append(&rec).expect("append"))
-    });
+    g.bench_function(
+        "spool append (copy into the mapped segment, fsync every 1024 or 20 ms)",
+        |b| b.iter(|| spool.append(&rec).expect("append")),
+    );
     g.finish();
     drop(spool);
     let _ = std::fs::remove_dir_all(dir);

@@ -120,8 +120,10 @@ pub(super) fn write_position(dir: &Path, p: Position) -> io::Result<()> {
 }
 
 pub(super) fn new_segment(dir: &Path, seq: u64) -> io::Result<File> {
+    // Readable too: a shared writable mapping needs a descriptor open for reading.
     let mut f = OpenOptions::new()
         .create_new(true)
+        .read(true)
         .append(true)
         .open(segment_path(dir, seq))?;
     f.write_all(MAGIC)?;

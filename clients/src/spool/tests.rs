@@ -110,7 +110,9 @@ fn a_corrupt_record_and_everything_after_it_are_cut_never_delivered() {
         let sixth = MAGIC.len() + 6 * size;
         match garbage {
             Garbage::FlipPayloadBit => bytes[sixth + HEADER + 3] ^= 0x10,
-            Garbage::Zeroes => bytes[sixth..].fill(0),
+            // A zeroed block with records after it (an all-zero tail is a preallocated
+            // segment's unused rest: see the next test).
+            Garbage::Zeroes => bytes[sixth..sixth + size].fill(0),
             Garbage::HugeLength => bytes[sixth..sixth + 4].copy_from_slice(&u32::MAX.to_le_bytes()),
         }
         fs::write(&seg, &bytes).unwrap();
@@ -119,6 +121,35 @@ fn a_corrupt_record_and_everything_after_it_are_cut_never_delivered() {
         assert_eq!(report.cut_bytes, 4 * size as u64, "{garbage:?}");
         assert_eq!(read_all(&mut r).0, (0..6).map(rec).collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn a_crashed_writers_segment_keeps_its_records_and_loses_its_unused_tail_without_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let (spool, _r, _) = Spool::open(c.clone()).unwrap();
+    for i in 0..10 {
+        spool.append(&rec(i)).unwrap();
+    }
+    let seg = last_segment(dir.path());
+    let size = encode(&rec(0)).len() as u64;
+    // Appends are copies into the mapped, preallocated segment: the file is already its full
+    // size, and the records are in it, in the page cache, without any write(2) or fsync.
+    assert_eq!(fs::metadata(&seg).unwrap().len(), c.segment_bytes);
+    // What a SIGKILL leaves: the file as it is now (copied while the writer is alive).
+    let crashed = tempfile::tempdir().unwrap();
+    fs::copy(&seg, crashed.path().join(seg.file_name().unwrap())).unwrap();
+    let (_s, mut r, report) = Spool::open(cfg(crashed.path())).unwrap();
+    assert_eq!((report.pending, report.cut_bytes), (10, 0));
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
+    let copy = segment_path(
+        crashed.path(),
+        *list_segments(crashed.path()).unwrap().first().unwrap(),
+    );
+    assert_eq!(fs::metadata(copy).unwrap().len(), MAGIC_LEN + 10 * size);
+    // A graceful close cuts the writer's own segment to its records.
+    spool.close();
+    assert_eq!(fs::metadata(&seg).unwrap().len(), MAGIC_LEN + 10 * size);
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +179,8 @@ fn segments_rotate_and_are_deleted_once_committed() {
     }
     assert_eq!(n, 60);
     assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
+    // Closed, the active segment is cut to its records (while open it is preallocated).
+    spool.close();
     let st = spool.stats();
     assert_eq!(st.pending, 0);
     assert_eq!(
