@@ -4,7 +4,6 @@
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::collections::HashSet;
-use std::io::Write;
 use std::time::Duration;
 use zlink_e2e::*;
 use zlink_wire::blob::Blob;
@@ -345,21 +344,30 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     assert_eq!(ids.len(), 1000, "one unique click id per redirect");
     lr.kill().await;
 
-    // The crash also left half a record behind (a write cut short), which must be cut off.
+    // The crash also left half a record behind (a copy cut short), right after the last whole
+    // one (the segment is preallocated: zeros follow), which must be cut off.
     let newest = std::fs::read_dir(spool.path())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "seg"))
         .max()
         .unwrap();
+    let bytes = std::fs::read(&newest).unwrap();
+    let mut end = 8; // the segment's magic
+    while let Ok(Some((_, size))) = zlink_clients::spool::decode(&bytes[end..]) {
+        end += size;
+    }
     let torn = zlink_clients::spool::encode(b"{\"half\":\"a record\"}");
     let torn = &torn[..torn.len() / 2];
-    std::fs::OpenOptions::new()
-        .append(true)
-        .open(&newest)
-        .unwrap()
-        .write_all(torn)
-        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(
+        &std::fs::OpenOptions::new()
+            .write(true)
+            .open(&newest)
+            .unwrap(),
+        torn,
+        end as u64,
+    )
+    .unwrap();
 
     kafka.up().await;
     let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &prefix, &flags).await;

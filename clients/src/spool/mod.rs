@@ -25,9 +25,9 @@
 //! - A torn or corrupt tail (a crash in the middle of a write, a zero-filled block after power
 //!   loss, a flipped bit) fails the length or checksum test at [`Spool::open`] and is cut off:
 //!   the file is truncated at the last good record and the cut bytes are reported. Nothing
-//!   after the first bad record of a segment is trusted. An all-zero tail is the unused rest of
-//!   a preallocated segment whose process did not close it (a crash): cut as well, but not
-//!   reported, since nothing was ever written there (a power loss that zeroed unsynced records
+//!   after the first bad record of a segment is trusted. Zeros at the end of a segment are the
+//!   unused rest of a preallocated segment whose process did not close it (a crash): cut as
+//!   well, but not counted as cut bytes, since nothing was ever written there (a power loss that zeroed unsynced records
 //!   looks the same, and loses no more than the fsync window it is allowed to).
 //! - Disk cap (`max_bytes`, all segment files together): when an append would pass it, the new
 //!   record is refused with [`AppendError::Full`] and counted; records already spooled are
@@ -241,11 +241,17 @@ impl Spool {
                 let f = OpenOptions::new().write(true).open(&path)?;
                 f.set_len(valid)?;
                 f.sync_all()?;
-                let cut = bytes.len() as u64 - valid;
-                if bytes[valid as usize..].iter().all(|&b| b == 0) {
+                // What was written past the last good record, up to its last non-zero byte;
+                // the zeros after it are the unused rest of a preallocated segment.
+                let written = bytes
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .map_or(0, |i| i as u64 + 1);
+                let cut = written.saturating_sub(valid);
+                if cut == 0 {
                     tracing::debug!(
                         segment = seq,
-                        unused = cut,
+                        unused = bytes.len() as u64 - valid,
                         "spool: unused preallocated tail cut off"
                     );
                 } else {

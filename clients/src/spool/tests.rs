@@ -147,6 +147,24 @@ fn a_crashed_writers_segment_keeps_its_records_and_loses_its_unused_tail_without
         *list_segments(crashed.path()).unwrap().first().unwrap(),
     );
     assert_eq!(fs::metadata(copy).unwrap().len(), MAGIC_LEN + 10 * size);
+    // A crash in the middle of a copy: half a record after the last whole one, zeros after
+    // it. The half record is cut and counted, the zeros are not.
+    let torn_dir = tempfile::tempdir().unwrap();
+    let torn_seg = torn_dir.path().join(seg.file_name().unwrap());
+    fs::copy(&seg, &torn_seg).unwrap();
+    let torn = encode(&rec(99));
+    OpenOptions::new()
+        .write(true)
+        .open(&torn_seg)
+        .unwrap()
+        .write_all_at(&torn[..torn.len() / 2], MAGIC_LEN + 10 * size)
+        .unwrap();
+    let (_s, mut r, report) = Spool::open(cfg(torn_dir.path())).unwrap();
+    assert_eq!(
+        (report.pending, report.cut_bytes),
+        (10, torn.len() as u64 / 2)
+    );
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
     // A graceful close cuts the writer's own segment to its records.
     spool.close();
     assert_eq!(fs::metadata(&seg).unwrap().len(), MAGIC_LEN + 10 * size);
