@@ -297,7 +297,8 @@ ZL_TIMEOUT_memcached_lr=10
 ZL_TIMEOUT_memcached=10
 
 # ---------------------------------------------------------------- primary
-zl_bin() { echo "$CARGO_TARGET_DIR/release/$1"; }
+# ZLINK_BIN_DIR: where the binaries are, if not this build (bench-ab starts an older build).
+zl_bin() { echo "${ZLINK_BIN_DIR:-$CARGO_TARGET_DIR/release}/$1"; }
 zl_primary_env() {
   export ZLINK_CQL_NODES="$(zl_addr cassandra)"
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"

@@ -119,6 +119,9 @@ pub(super) fn write_position(dir: &Path, p: Position) -> io::Result<()> {
     sync_dir(dir)
 }
 
+/// Creates segment `seq` with its magic. Nothing is synced here (segments start on the append
+/// path): the flusher syncs a segment with its first records, and the directory after it
+/// (`Active::dir_unsynced`).
 pub(super) fn new_segment(dir: &Path, seq: u64) -> io::Result<File> {
     // Readable too: a shared writable mapping needs a descriptor open for reading.
     let mut f = OpenOptions::new()
@@ -127,7 +130,5 @@ pub(super) fn new_segment(dir: &Path, seq: u64) -> io::Result<File> {
         .append(true)
         .open(segment_path(dir, seq))?;
     f.write_all(MAGIC)?;
-    f.sync_all()?;
-    sync_dir(dir)?;
     Ok(f)
 }

@@ -154,6 +154,9 @@ struct Active {
     first_unsynced: Option<Instant>,
     /// Segments rolled over but not yet fsynced (the flusher does that, off the append path).
     retired: Vec<Arc<File>>,
+    /// A segment was created since the directory was last synced: its name is not durable
+    /// until it is (the flusher syncs the directory after the segment's records).
+    dir_unsynced: bool,
     closed: bool,
 }
 
@@ -303,6 +306,7 @@ impl Spool {
                 unsynced: 0,
                 first_unsynced: None,
                 retired: Vec::new(),
+                dir_unsynced: true,
                 closed: false,
             }),
             flush: Condvar::new(),
@@ -341,16 +345,23 @@ impl Spool {
     /// fsyncs every record appended so far (the active segment and any rolled-over one the
     /// flusher has not synced yet).
     pub fn sync(&self) -> io::Result<()> {
-        let files: Vec<Arc<File>> = {
-            let a = self.shared.lock();
-            a.retired.iter().cloned().chain([a.file.clone()]).collect()
+        let (files, dir): (Vec<Arc<File>>, bool) = {
+            let mut a = self.shared.lock();
+            let files = a.retired.iter().cloned().chain([a.file.clone()]).collect();
+            (files, std::mem::take(&mut a.dir_unsynced))
         };
-        for f in files {
-            f.sync_data().inspect_err(|_| {
-                self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
-            })?;
+        let synced = files.iter().try_for_each(|f| f.sync_data()).and_then(|()| {
+            if dir {
+                sync_dir(&self.shared.cfg.dir)
+            } else {
+                Ok(())
+            }
+        });
+        if synced.is_err() {
+            self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
+            self.shared.lock().dir_unsynced |= dir;
         }
-        Ok(())
+        synced
     }
 
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
@@ -462,8 +473,9 @@ impl Spool {
         }
     }
 
-    /// Starts the next segment. The full one is handed to the flusher for its fsync: no
-    /// append waits for a disk flush.
+    /// Starts the next segment. The full one is handed to the flusher for its fsync, the new
+    /// one's name is synced by the flusher with its first records: no append waits for a
+    /// disk flush.
     fn rotate(&self, a: &mut Active) -> io::Result<()> {
         let (file, map) = start_segment(&self.shared.cfg, a.seq + 1)?;
         self.unmap(a);
@@ -471,6 +483,7 @@ impl Spool {
         let full = std::mem::replace(&mut a.file, Arc::new(file));
         a.map = map;
         a.retired.push(full);
+        a.dir_unsynced = true;
         self.shared.flush.notify_one();
         a.len = MAGIC_LEN;
         a.unsynced = 0;
@@ -596,6 +609,7 @@ fn flush_loop(s: &Shared) {
         }
         a.unsynced = 0;
         a.first_unsynced = None;
+        let dir = std::mem::take(&mut a.dir_unsynced);
         drop(a);
         for file in files {
             if let Err(e) = file.sync_data() {
@@ -603,6 +617,15 @@ fn flush_loop(s: &Shared) {
                 tracing::error!(error = %e, "spool: fsync failed");
             }
         }
+        // After the records: the names of segments created since the last round.
+        let dir_failed = dir
+            && sync_dir(&s.cfg.dir)
+                .inspect_err(|e| {
+                    s.io_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, "spool: fsync of the directory failed");
+                })
+                .is_err();
         a = s.lock();
+        a.dir_unsynced |= dir_failed;
     }
 }

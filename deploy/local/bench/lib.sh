@@ -1,0 +1,57 @@
+# shellcheck shell=bash
+# Shared by the benchmark scripts (bench-all, bench-ab, bench-lastresort); sourced after
+# deploy/local/lib.sh, never executed. WORK is the calling run's scratch directory.
+
+bench_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
+
+# The yardstick: an nginx that only answers `return 302` (2 workers, access log off, the same
+# keepalive as the tiers), started in WORK on the bench-nginx port; prints its URL.
+bench_nginx_start() {
+  local work="$1" port nginx
+  port="$(zl_port bench-nginx)" nginx="$(bench_nginx_bin)"
+  [[ -x "$nginx" ]] || zl_die "nginx missing: run deploy/local/install"
+  cat >"$work/nginx.conf" <<CONF
+worker_processes 2;
+pid $work/nginx.pid;
+error_log $work/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  keepalive_requests 100000;
+  server {
+    listen 127.0.0.1:$port;
+    location / { return 302 https://example.com/; }
+  }
+}
+CONF
+  "$nginx" -t -q -p "$work" -c "$work/nginx.conf" -e "$work/error.log" || zl_die "bench nginx: bad config"
+  "$nginx" -p "$work" -c "$work/nginx.conf" -e "$work/error.log" ||
+    zl_die "bench nginx did not start (port $port taken by another run?)"
+  zl_wait_for "bench nginx" 10 curl -s -o /dev/null "http://127.0.0.1:$port/x" >&2
+  echo "http://127.0.0.1:$port"
+}
+bench_nginx_stop() {
+  local work="$1"
+  [[ -f "$work/nginx.pid" ]] || return 0
+  "$(bench_nginx_bin)" -p "$work" -c "$work/nginx.conf" -e "$work/error.log" -s stop 2>/dev/null || true
+}
+
+# NAME=PID of every running process of the topology (and the yardstick nginx of WORK): each
+# load step reads their CPU time before and after, so each row says who paid for the requests.
+bench_procs() {
+  local work="$1" c pid out=""
+  for c in $(zl_components); do
+    pid="$(zl_pid "$c")" && out+="$c=$pid,"
+  done
+  [[ -f "$work/nginx.pid" ]] && out+="bench-nginx=$(cat "$work/nginx.pid"),"
+  echo "${out%,}"
+}
+
+# bench_load WORK STEP URL SLUGS SCRIPT SECS: a 2 s warm-up (caches, keep-alive pools), then
+# the measured run (wrk -t2 -c16 through zlink-xtask load); prints its RESULT line.
+bench_load() {
+  local work="$1" step="$2" url="$3" slugs="$4" script="$5" secs="$6"
+  SLUGS_FILE="$slugs" wrk -t2 -c16 -d2s -s "$script" "$url" >/dev/null
+  "$(zl_bin zlink-xtask)" load --step "$step" --script "$script" --secs "$secs" \
+    --procs "$(bench_procs "$work")" "$url" "$slugs"
+}
