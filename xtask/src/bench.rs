@@ -89,26 +89,49 @@ fn slugs_in(path: &str) -> Result<Vec<String>> {
 }
 
 /// GETs each slug of `file` once on `base` (one connection), prints p50/p99/max in ms.
-pub async fn cold(base: &str, file: &str) -> Result<()> {
+pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
     let c = client(None)?;
-    let mut lat = Vec::new();
-    for s in slugs_in(file)? {
-        let t = Instant::now();
-        let r = c.get(format!("{base}/{s}")).send().await?;
+    let slugs = slugs_in(file)?;
+    if slugs.is_empty() {
+        bail!("no slugs in {file}");
+    }
+    // One GET, timed from `from` (its scheduled start).
+    async fn get(c: reqwest::Client, url: String, from: Instant) -> Result<f64> {
+        let r = c.get(&url).send().await?;
         let status = r.status().as_u16();
         r.bytes().await?;
-        lat.push(t.elapsed().as_secs_f64() * 1000.0);
         if status != 302 {
-            bail!("cold GET /{s} answered {status}");
+            bail!("cold GET {url} answered {status}");
         }
+        Ok(from.elapsed().as_secs_f64() * 1000.0)
     }
-    if lat.is_empty() {
-        bail!("no slugs in {file}");
+    let mut lat = Vec::with_capacity(slugs.len());
+    match rate {
+        None => {
+            for s in &slugs {
+                lat.push(get(c.clone(), format!("{base}/{s}"), Instant::now()).await?);
+            }
+        }
+        Some(rate) => {
+            // Open loop, bounded by the file's length: request i starts at i / rate s.
+            let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+            let start = Instant::now();
+            let mut tasks = Vec::with_capacity(slugs.len());
+            for (i, s) in slugs.iter().enumerate() {
+                let at = start + period * u32::try_from(i)?;
+                tokio::time::sleep_until(at.into()).await;
+                tasks.push(tokio::spawn(get(c.clone(), format!("{base}/{s}"), at)));
+            }
+            for t in tasks {
+                lat.push(t.await??);
+            }
+        }
     }
     lat.sort_by(f64::total_cmp);
     println!(
-        "RESULT cold_requests={} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+        "RESULT cold_requests={} rate={} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
         lat.len(),
+        rate.map_or_else(|| "serial".into(), |r| r.to_string()),
         pick(&lat, 0.5),
         pick(&lat, 0.99),
         lat[lat.len() - 1]

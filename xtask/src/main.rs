@@ -41,8 +41,15 @@ enum Cmd {
     },
     /// Create N links on $ZLINK_PRIMARY_1, write their slugs to OUT.
     Create { n: usize, out: String },
-    /// GET each slug of FILE once on BASE_URL; p50/p99/max in ms.
-    Cold { base: String, file: String },
+    /// GET each slug of FILE once on BASE_URL; p50/p99/max in ms. One at a time, or with
+    /// --rate, open loop at that many requests a second (latency from each request's
+    /// scheduled start, so a stall counts for every request it delays).
+    Cold {
+        base: String,
+        file: String,
+        #[arg(long)]
+        rate: Option<u32>,
+    },
     /// Wait (at most 120 s) until every slug of FILE is readable in S3.
     WaitS3 { file: String },
     /// N creates paced over SECONDS with a new owner key, from SOURCE_IP.
@@ -132,7 +139,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Create { n, out } => rt()?.block_on(bench::create(n, &out)),
-        Cmd::Cold { base, file } => rt()?.block_on(bench::cold(&base, &file)),
+        Cmd::Cold { base, file, rate } => rt()?.block_on(bench::cold(&base, &file, rate)),
         Cmd::WaitS3 { file } => rt()?.block_on(bench::wait_s3(&file)),
         Cmd::Flood {
             base,
