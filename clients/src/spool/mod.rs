@@ -27,8 +27,8 @@
 //!   the file is truncated at the last good record and the cut bytes are reported. Nothing
 //!   after the first bad record of a segment is trusted. Zeros at the end of a segment are the
 //!   unused rest of a preallocated segment whose process did not close it (a crash): cut as
-//!   well, but not counted as cut bytes, since nothing was ever written there (a power loss that zeroed unsynced records
-//!   looks the same, and loses no more than the fsync window it is allowed to).
+//!   well, but not counted as cut bytes, since nothing was ever written there (a power loss
+//!   that zeroed unsynced records looks the same, and loses no more than its fsync window).
 //! - Disk cap (`max_bytes`, all segment files together): when an append would pass it, the new
 //!   record is refused with [`AppendError::Full`] and counted; records already spooled are
 //!   never dropped to make room (they are older clicks that are owed to the counter). The cap
