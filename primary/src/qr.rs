@@ -118,7 +118,7 @@ pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
         return Err(ApiError::Gone);
     }
     let short_url = state.short_url(&link.slug);
-    // Rendered on a blocking thread: a 2048-pixel PNG is milliseconds of CPU, which on a
+    // Rendered on a blocking thread: a large PNG can take milliseconds of CPU, which on a
     // runtime with one worker (`--worker-threads 1`) every redirect would wait behind.
     let (body, content_type) = tokio::task::spawn_blocking(move || {
         Ok::<_, ApiError>(match format {

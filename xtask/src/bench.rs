@@ -88,7 +88,8 @@ fn slugs_in(path: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// GETs each slug of `file` once on `base` (one connection), prints p50/p99/max in ms.
+/// GETs each slug of `file` once on `base`, one at a time or, with `rate`, open loop at that
+/// many a second; prints p50/p99/max in ms.
 pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
     let c = client(None)?;
     let slugs = slugs_in(file)?;
