@@ -235,7 +235,6 @@ impl Drop for TempDir {
     }
 }
 
-/// A memcached server of the test's own (so a test can stop it without touching others).
 /// A loopback port that was free a moment ago (for servers that cannot listen on port 0).
 ///
 /// Taken from 30000-32767: below the kernel's ephemeral range (32768+), where an outgoing

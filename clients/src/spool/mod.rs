@@ -179,6 +179,19 @@ impl Shared {
         // after the write it describes), so poisoning is not a reason to stop spooling.
         self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Syncs the directory if segments were created since it was last synced (their names
+    /// are durable from then on); a failure is counted and left to the next call.
+    fn sync_new_names(&self) -> io::Result<()> {
+        if !std::mem::take(&mut self.lock().dir_unsynced) {
+            return Ok(());
+        }
+        sync_dir(&self.cfg.dir).inspect_err(|e| {
+            self.io_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "spool: fsync of the directory failed");
+            self.lock().dir_unsynced = true;
+        })
+    }
 }
 
 /// The writing side; cheap to share behind an `Arc`.
@@ -345,23 +358,16 @@ impl Spool {
     /// fsyncs every record appended so far (the active segment and any rolled-over one the
     /// flusher has not synced yet).
     pub fn sync(&self) -> io::Result<()> {
-        let (files, dir): (Vec<Arc<File>>, bool) = {
-            let mut a = self.shared.lock();
-            let files = a.retired.iter().cloned().chain([a.file.clone()]).collect();
-            (files, std::mem::take(&mut a.dir_unsynced))
+        let files: Vec<Arc<File>> = {
+            let a = self.shared.lock();
+            a.retired.iter().cloned().chain([a.file.clone()]).collect()
         };
-        let synced = files.iter().try_for_each(|f| f.sync_data()).and_then(|()| {
-            if dir {
-                sync_dir(&self.shared.cfg.dir)
-            } else {
-                Ok(())
-            }
-        });
-        if synced.is_err() {
-            self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
-            self.shared.lock().dir_unsynced |= dir;
+        for f in files {
+            f.sync_data().inspect_err(|_| {
+                self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
+            })?;
         }
-        synced
+        self.shared.sync_new_names()
     }
 
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
@@ -609,7 +615,6 @@ fn flush_loop(s: &Shared) {
         }
         a.unsynced = 0;
         a.first_unsynced = None;
-        let dir = std::mem::take(&mut a.dir_unsynced);
         drop(a);
         for file in files {
             if let Err(e) = file.sync_data() {
@@ -618,14 +623,7 @@ fn flush_loop(s: &Shared) {
             }
         }
         // After the records: the names of segments created since the last round.
-        let dir_failed = dir
-            && sync_dir(&s.cfg.dir)
-                .inspect_err(|e| {
-                    s.io_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(error = %e, "spool: fsync of the directory failed");
-                })
-                .is_err();
+        let _ = s.sync_new_names();
         a = s.lock();
-        a.dir_unsynced |= dir_failed;
     }
 }
