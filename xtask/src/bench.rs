@@ -225,38 +225,109 @@ pub async fn flood(base: &str, n: usize, secs: f64, source: IpAddr) -> Result<()
     Ok(())
 }
 
-/// Creates `n` links on primary-1 (`concurrency` at a time) and times how long each takes to
-/// become readable, unsigned, from S3 (polled every 5 ms, at most 30 s each).
-pub async fn replication(n: usize, concurrency: usize) -> Result<()> {
+/// The replicator's `create_to_s3_seconds` histogram: (upper bound, cumulative count) per
+/// bucket, `+Inf` last.
+async fn replicator_histogram(c: &reqwest::Client) -> Result<Vec<(f64, u64)>> {
+    let text = c
+        .get(format!("{}/metrics", env("ZLINK_REPLICATOR")?))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let prefix = "zlink_replicator_create_to_s3_seconds_bucket{le=\"";
+    let mut buckets = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(prefix) else {
+            continue;
+        };
+        let (le, count) = rest.split_once("\"} ").context("bucket line")?;
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse()?
+        };
+        buckets.push((le, count.trim().parse()?));
+    }
+    if buckets.is_empty() {
+        bail!("no create_to_s3_seconds histogram on the replicator");
+    }
+    Ok(buckets)
+}
+
+/// The smallest bucket bound (ms) under which at least `q` of the observations between two
+/// readings of the histogram fall, and how many there were.
+fn bucket_quantile_ms(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> (f64, u64) {
+    let delta = |i: usize| after[i].1 - before.get(i).map_or(0, |b| b.1);
+    let total = delta(after.len() - 1);
+    let bound = (0..after.len())
+        .find(|&i| delta(i) as f64 >= q * total as f64)
+        .map_or(f64::INFINITY, |i| after[i].0 * 1000.0);
+    (bound, total)
+}
+
+/// Creates `n` links on primary-1 and times how long each takes to become readable, unsigned,
+/// from S3 (polled every 10 ms from the 201 on, at most 30 s each).
+///
+/// Without `rate`, `concurrency` creates are in flight at a time (closed loop). With `rate`,
+/// create i is sent at i / rate s (open loop; `concurrency` only bounds how many wait for an
+/// answer at once, and a create held back by it counts from its scheduled start). Only every
+/// `sample`-th link is polled, so the polls (S3 GETs) do not load the box the run measures;
+/// the replicator's own histogram covers every create of the run.
+pub async fn replication(
+    n: usize,
+    concurrency: usize,
+    rate: Option<u32>,
+    sample: usize,
+) -> Result<()> {
     let (base, key) = (env("ZLINK_PRIMARY_1")?, env("ZLINK_ADMIN_KEY")?);
     let (s3, bucket) = (env("ZLINK_S3_ENDPOINT")?, env("ZLINK_S3_BUCKET")?);
     let prefix = std::env::var("ZLINK_S3_PREFIX").unwrap_or_default();
     let c = client(None)?;
     let run = unix_s();
+    let sample = sample.max(1);
+    let hist_before = replicator_histogram(&c).await?;
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
+    let period = rate.map(|r| Duration::from_secs_f64(1.0 / f64::from(r.max(1))));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
-        let (c, base, key, gate) = (c.clone(), base.clone(), key.clone(), gate.clone());
-        let object = format!("{s3}/{bucket}/{prefix}");
+        let scheduled = match period {
+            Some(p) => {
+                let at = start + p * u32::try_from(i)?;
+                tokio::time::sleep_until(at.into()).await;
+                at
+            }
+            None => Instant::now(),
+        };
+        let (c, base, key) = (c.clone(), base.clone(), key.clone());
+        // Closed loop: the next create waits for a free slot here; open loop: in its task.
+        let held = match period {
+            Some(_) => None,
+            None => Some(gate.clone().acquire_owned().await?),
+        };
+        let (gate, object) = (gate.clone(), format!("{s3}/{bucket}/{prefix}"));
         tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire_owned().await?;
-            let slug = create_one(
-                &c,
-                &base,
-                &key,
-                format!("https://example.com/repl/{run}/{i}"),
-            )
-            .await?;
+            let permit = match held {
+                Some(p) => p,
+                None => gate.acquire_owned().await?,
+            };
+            let url = format!("https://example.com/repl/{run}/{i}");
+            let slug = create_one(&c, &base, &key, url).await?;
             let created = Instant::now();
+            drop(permit);
+            let create_ms = created.duration_since(scheduled).as_secs_f64() * 1000.0;
+            if i % sample != 0 {
+                return Ok::<_, anyhow::Error>((created, create_ms, None));
+            }
             while created.elapsed() < Duration::from_secs(30) {
                 let r = c.get(format!("{object}{slug}")).send().await?;
                 let ok = r.status().as_u16() == 200;
                 r.bytes().await?;
                 if ok {
-                    return Ok::<_, anyhow::Error>((created, created.elapsed()));
+                    let visible = created.elapsed().as_secs_f64() * 1000.0;
+                    return Ok((created, create_ms, Some(visible)));
                 }
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             bail!("{slug} not visible in S3 after 30 s")
         }));
@@ -270,12 +341,22 @@ pub async fn replication(n: usize, concurrency: usize) -> Result<()> {
         .iter()
         .map(|r| r.0.duration_since(start).as_secs_f64())
         .fold(0.0, f64::max);
-    let mut lat: Vec<f64> = results.iter().map(|r| r.1.as_secs_f64() * 1000.0).collect();
+    let mut create: Vec<f64> = results.iter().map(|r| r.1).collect();
+    create.sort_by(f64::total_cmp);
+    let mut lat: Vec<f64> = results.iter().filter_map(|r| r.2).collect();
     lat.sort_by(f64::total_cmp);
+    // The replicator observes each create once its version is recorded; a create of another
+    // client in the same seconds would count too (the bench topology has none).
+    let (repl_p99, repl_n) =
+        bucket_quantile_ms(&hist_before, &replicator_histogram(&c).await?, 0.99);
     println!(
-        "RESULT links={n} concurrency={concurrency} creates_per_s={:.0} replicated_per_s={:.0} visible_p50_ms={:.0} visible_p99_ms={:.0} visible_max_ms={:.0}",
+        "RESULT links={n} rate={} concurrency={concurrency} creates_per_s={:.0} create_p50_ms={:.0} create_p99_ms={:.0} replicated_per_s={:.0} sampled={} visible_p50_ms={:.0} visible_p99_ms={:.0} visible_max_ms={:.0} replicator_observed={repl_n} replicator_p99_le_ms={repl_p99:.0}",
+        rate.map_or_else(|| "closed".into(), |r| r.to_string()),
         n as f64 / last_create,
+        pick(&create, 0.5),
+        pick(&create, 0.99),
         n as f64 / end,
+        lat.len(),
         pick(&lat, 0.5),
         pick(&lat, 0.99),
         lat[lat.len() - 1]

@@ -59,12 +59,18 @@ enum Cmd {
         seconds: f64,
         source: IpAddr,
     },
-    /// Create N links and time create → visible in S3.
+    /// Create N links and time create → visible in S3: CONCURRENCY at a time or, with
+    /// --rate, open loop at that many a second (CONCURRENCY then bounds creates awaiting an
+    /// answer); every --sample-th link is polled in S3.
     Replication {
         #[arg(default_value_t = 500)]
         n: usize,
         #[arg(default_value_t = 16)]
         concurrency: usize,
+        #[arg(long)]
+        rate: Option<u32>,
+        #[arg(long, default_value_t = 1)]
+        sample: usize,
     },
     /// The Alertmanager webhook receiver: append alerts to FILE as JSON lines.
     AlertReceiver { port: u16, file: PathBuf },
@@ -147,7 +153,12 @@ fn main() -> Result<()> {
             seconds,
             source,
         } => rt()?.block_on(bench::flood(&base, n, seconds, source)),
-        Cmd::Replication { n, concurrency } => rt()?.block_on(bench::replication(n, concurrency)),
+        Cmd::Replication {
+            n,
+            concurrency,
+            rate,
+            sample,
+        } => rt()?.block_on(bench::replication(n, concurrency, rate, sample)),
         Cmd::AlertReceiver { port, file } => rt()?.block_on(alerts::serve(port, file)),
         Cmd::Load {
             step,
