@@ -7,10 +7,11 @@
 use crate::apply::{decode, Applier, ApplyError};
 use crate::journal::{Done, Journal};
 use crate::metrics::Metrics;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -19,6 +20,7 @@ use zlink_clients::kafka::{
     Activity, Busy, ClosingConsumer, HealingProducer, Replaceable, StallWatch,
 };
 use zlink_clients::trace::{self, Span};
+use zlink_wire::events::LinkEvent;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct KafkaConfig {
@@ -53,6 +55,11 @@ pub struct KafkaConfig {
     /// session is not taken for a stall.
     #[arg(long, env = "ZLINK_CONSUMER_STALL_SECS", default_value_t = 45)]
     pub consumer_stall_secs: u64,
+    /// Events of one partition applied at once (never two of one link at once, so a link's
+    /// events keep their order). Each event waits on S3 and the store several times; one at a
+    /// time, 200 creates a second over 6 partitions kept the replicator's workers 80% busy.
+    #[arg(long, env = "ZLINK_REPLICATOR_LANES", default_value_t = 8)]
+    pub lanes: usize,
 }
 
 impl KafkaConfig {
@@ -76,6 +83,9 @@ impl KafkaConfig {
         if !(10..=5000).contains(&self.journal_interval_ms) {
             return Err("--journal-interval-ms must be between 10 and 5000".into());
         }
+        if !(1..=64).contains(&self.lanes) {
+            return Err("--lanes must be between 1 and 64".into());
+        }
         Ok(())
     }
 }
@@ -91,6 +101,62 @@ pub struct Pipeline {
     applier: Arc<Applier>,
     metrics: Arc<Metrics>,
 }
+
+/// An event of a partition the journal does not have yet.
+#[derive(Debug, PartialEq, Eq)]
+struct Unjournaled {
+    offset: i64,
+    /// The link key it touches (none: it could not be decoded).
+    key: Option<String>,
+    applied: bool,
+}
+
+/// One partition's events from their start to the journal: which links have an event being
+/// applied (a link's next event waits for it), and the offsets in order, released to the
+/// journal only as a prefix of applied events (an offset is stored only once every event
+/// before it in the partition is applied).
+#[derive(Default)]
+struct Window {
+    busy: HashSet<String>,
+    unjournaled: VecDeque<Unjournaled>,
+}
+
+impl Window {
+    /// Whether an event touching `key` may start now: no event of that link is being applied,
+    /// and fewer than [`MAX_UNJOURNALED`] wait for the journal.
+    fn may_start(&self, key: Option<&str>) -> bool {
+        self.unjournaled.len() < MAX_UNJOURNALED && key.is_none_or(|k| !self.busy.contains(k))
+    }
+
+    /// The event at `offset` (after every one started before) starts.
+    fn start(&mut self, offset: i64, key: Option<String>) {
+        debug_assert!(self.unjournaled.back().is_none_or(|e| e.offset < offset));
+        if let Some(k) = &key {
+            self.busy.insert(k.clone());
+        }
+        self.unjournaled.push_back(Unjournaled {
+            offset,
+            key,
+            applied: false,
+        });
+    }
+
+    /// The event at `offset` is applied; the events the journal may now have, in offset order.
+    fn finish(&mut self, offset: i64) -> Vec<Unjournaled> {
+        if let Some(e) = self.unjournaled.iter_mut().find(|e| e.offset == offset) {
+            e.applied = true;
+            if let Some(k) = &e.key {
+                self.busy.remove(k);
+            }
+        }
+        let ready = self.unjournaled.iter().take_while(|e| e.applied).count();
+        self.unjournaled.drain(..ready).collect()
+    }
+}
+
+/// At most this many events of a partition applied and waiting for an earlier one (still
+/// being applied, e.g. retrying against S3) before the journal can have their offsets.
+const MAX_UNJOURNALED: usize = 1024;
 
 /// How often lag is reported and the stall watch looks.
 const WATCH_EVERY: Duration = Duration::from_secs(5);
@@ -232,6 +298,9 @@ impl Pipeline {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Applies one partition's events, up to `--lanes` at once but never two of one slug at
+    /// once (a slug's events stay in offset order), and hands each to the journal in offset
+    /// order: an offset is stored only once every event before it in the partition is done.
     async fn worker(
         self: Arc<Self>,
         consumer: Arc<ClosingConsumer>,
@@ -239,54 +308,99 @@ impl Pipeline {
         mut rx: mpsc::Receiver<(OwnedMessage, Busy)>,
         shutdown: CancellationToken,
     ) {
-        while let Some((msg, _busy)) = rx.recv().await {
-            // The change's trace continues from the message's `traceparent` (set by primary's
-            // relay): a `replicate.apply` span with the S3 writes under it, and `trace_id` in
-            // every log line about this event.
-            let parent = trace::kafka_traceparent(msg.headers());
-            let mut span = Span::server("replicate.apply", parent);
-            span.set("partition", i64::from(partition));
-            span.set("offset", msg.offset());
-            let ctx = *span.ctx();
-            let mut key = None;
-            let result = async {
-                let ev = decode(msg.payload())?;
-                key = Some(ev.slug.clone());
-                let outcome = self.applier.apply(&ev, &shutdown).await?;
-                tracing::info!(slug = %ev.slug, version = ev.version,
-                    outcome = outcome.label(), "link event applied");
-                Ok(outcome)
-            };
-            let result = trace::in_scope(ctx, result).await;
-            if let Err(ApplyError::Permanent(reason)) = &result {
-                span.fail(reason);
-            }
-            span.end();
-            match result {
-                Ok(outcome) => self
-                    .metrics
-                    .events
-                    .with_label_values(&[outcome.label()])
-                    .inc(),
-                Err(ApplyError::Permanent(reason)) => {
-                    if !trace::in_scope(ctx, self.dead_letter(&msg, &reason, &shutdown)).await {
-                        return;
-                    }
-                    self.metrics.events.with_label_values(&["dlq"]).inc();
+        let lanes = self.cfg.lanes.max(1);
+        let mut running = FuturesUnordered::new();
+        let mut window = Window::default();
+        // A received event waiting for its link's earlier event, or for a free lane.
+        let mut waiting: Option<(OwnedMessage, Busy, Result<LinkEvent, ApplyError>)> = None;
+        let mut closed = false;
+        loop {
+            if let Some((_, _, ev)) = &waiting {
+                let key = ev.as_ref().ok().map(|ev| ev.slug.as_str());
+                if running.len() < lanes && window.may_start(key) {
+                    let (msg, busy_guard, ev) = waiting.take().expect("checked");
+                    window.start(msg.offset(), ev.as_ref().ok().map(|ev| ev.slug.clone()));
+                    running.push(self.apply_one(msg, ev, busy_guard, partition, &shutdown));
+                    continue;
                 }
-                Err(ApplyError::Cancelled) => return,
             }
-            // The offset is stored once the journal names the key (see `journal`).
-            self.journal.record(
-                key.as_deref(),
-                Done {
-                    consumer: consumer.clone(),
-                    topic: msg.topic().to_string(),
-                    partition,
-                    offset: msg.offset(),
+            if closed && waiting.is_none() && running.is_empty() {
+                return;
+            }
+            tokio::select! {
+                m = rx.recv(), if waiting.is_none() && !closed => match m {
+                    Some((msg, busy_guard)) => {
+                        let ev = decode(msg.payload());
+                        waiting = Some((msg, busy_guard, ev));
+                    }
+                    None => closed = true,
                 },
-            );
+                Some(done) = running.next(), if !running.is_empty() => {
+                    let Some(offset) = done else {
+                        // Shutdown while retrying: nothing more of this partition is stored.
+                        return;
+                    };
+                    for e in window.finish(offset) {
+                        self.journal.record(
+                            e.key.as_deref(),
+                            Done {
+                                consumer: consumer.clone(),
+                                topic: self.cfg.links_topic.clone(),
+                                partition,
+                                offset: e.offset,
+                            },
+                        );
+                    }
+                }
+            }
         }
+    }
+
+    /// Applies one event (or dead-letters it); its offset once done, `None` if shutdown came
+    /// first.
+    async fn apply_one(
+        &self,
+        msg: OwnedMessage,
+        ev: Result<LinkEvent, ApplyError>,
+        _busy: Busy,
+        partition: i32,
+        shutdown: &CancellationToken,
+    ) -> Option<i64> {
+        // The change's trace continues from the message's `traceparent` (set by primary's
+        // relay): a `replicate.apply` span with the S3 writes under it, and `trace_id` in
+        // every log line about this event.
+        let parent = trace::kafka_traceparent(msg.headers());
+        let mut span = Span::server("replicate.apply", parent);
+        span.set("partition", i64::from(partition));
+        span.set("offset", msg.offset());
+        let ctx = *span.ctx();
+        let result = async {
+            let ev = ev?;
+            let outcome = self.applier.apply(&ev, shutdown).await?;
+            tracing::info!(slug = %ev.slug, version = ev.version,
+                outcome = outcome.label(), "link event applied");
+            Ok(outcome)
+        };
+        let result = trace::in_scope(ctx, result).await;
+        if let Err(ApplyError::Permanent(reason)) = &result {
+            span.fail(reason);
+        }
+        span.end();
+        match result {
+            Ok(outcome) => self
+                .metrics
+                .events
+                .with_label_values(&[outcome.label()])
+                .inc(),
+            Err(ApplyError::Permanent(reason)) => {
+                if !trace::in_scope(ctx, self.dead_letter(&msg, &reason, shutdown)).await {
+                    return None;
+                }
+                self.metrics.events.with_label_values(&["dlq"]).inc();
+            }
+            Err(ApplyError::Cancelled) => return None,
+        }
+        Some(msg.offset())
     }
 
     /// Copies the message to the dead-letter topic with the reason; true once Kafka has it.
@@ -348,5 +462,56 @@ impl Pipeline {
                 )
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(v: Vec<Unjournaled>) -> Vec<i64> {
+        v.into_iter().map(|e| e.offset).collect()
+    }
+
+    #[test]
+    fn offsets_reach_the_journal_in_order_and_a_link_runs_one_event_at_a_time() {
+        let mut w = Window::default();
+        w.start(10, Some("a".into()));
+        assert!(!w.may_start(Some("a")), "a's next event waits for this one");
+        assert!(w.may_start(Some("b")) && w.may_start(None));
+        w.start(11, Some("b".into()));
+        w.start(12, None);
+        // Later events done first: nothing is released while 10 is being applied.
+        assert!(w.finish(12).is_empty());
+        assert!(w.finish(11).is_empty());
+        assert!(w.may_start(Some("b")), "b is free again");
+        w.start(13, Some("b".into()));
+        let ready = w.finish(10);
+        assert_eq!(offsets(ready), vec![10, 11, 12]);
+        assert!(w.may_start(Some("a")));
+        let ready = w.finish(13);
+        assert_eq!(
+            ready,
+            vec![Unjournaled {
+                offset: 13,
+                key: Some("b".into()),
+                applied: true
+            }]
+        );
+        assert!(w.finish(13).is_empty(), "a second finish releases nothing");
+    }
+
+    #[test]
+    fn a_stuck_event_holds_back_at_most_max_unjournaled() {
+        let mut w = Window::default();
+        w.start(0, Some("stuck".into()));
+        for o in 1..MAX_UNJOURNALED as i64 {
+            assert!(w.may_start(None));
+            w.start(o, None);
+            assert!(w.finish(o).is_empty());
+        }
+        assert!(!w.may_start(None), "the window is full");
+        assert_eq!(w.finish(0).len(), MAX_UNJOURNALED);
+        assert!(w.may_start(Some("stuck")));
     }
 }

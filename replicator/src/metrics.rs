@@ -1,7 +1,7 @@
 //! Every replicator metric, registered in one place under `zlink_replicator_`.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 pub struct Metrics {
@@ -12,6 +12,9 @@ pub struct Metrics {
     pub s3_failures: IntCounterVec,
     /// From the change in primary to S3 confirming the object, for create events, seconds.
     pub create_to_s3_seconds: Histogram,
+    /// One attempt of one step of applying an event (read_version, put_blob, delete_tombstone,
+    /// put_tombstone, delete_blob, record_version), failed attempts included, seconds.
+    pub step_seconds: HistogramVec,
     /// Messages behind the partition's high watermark.
     pub consumer_lag: IntGaugeVec,
     /// Consumers replaced because they stalled (`zlink_clients::kafka::StallWatch`).
@@ -44,6 +47,17 @@ impl Metrics {
             ),
         )
         .expect("metric");
+        let step_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "step_seconds",
+                "One attempt of one step of applying an event",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["step"],
+        )
+        .expect("metric");
         let consumer_lag = IntGaugeVec::new(
             Opts::new("consumer_lag", "Messages not yet consumed, per partition"),
             &["partition"],
@@ -66,6 +80,7 @@ impl Metrics {
             Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(s3_failures.clone()),
             Box::new(create_to_s3_seconds.clone()),
+            Box::new(step_seconds.clone()),
             Box::new(consumer_lag.clone()),
             Box::new(consumer_resets.clone()),
             Box::new(dlq_producer_resets.clone()),
@@ -78,6 +93,7 @@ impl Metrics {
             events,
             s3_failures,
             create_to_s3_seconds,
+            step_seconds,
             consumer_lag,
             consumer_resets,
             dlq_producer_resets,

@@ -140,7 +140,7 @@ async fn check_link(ctx: &Ctx, link: zlink_store::Link) -> Result<Checked, Recon
     journal(ctx, &link.slug).await?;
     ctx.store
         .replicas
-        .set_version(&link.slug, link.version)
+        .set_version(&link.slug, link.version, false)
         .await?;
     Ok(Checked::Repaired(drift, detail))
 }

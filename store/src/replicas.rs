@@ -47,7 +47,22 @@ impl Replicas {
     }
 
     /// Records that `version` of `slug` is in S3, unless a newer version already is.
-    pub async fn set_version(&self, slug: &str, version: i64) -> Result<(), StoreError> {
+    /// `absent`: the caller read no row for `slug`, so the insert is tried first (a create
+    /// costs one LWT, not a failed conditional update and then the insert).
+    pub async fn set_version(
+        &self,
+        slug: &str,
+        version: i64,
+        absent: bool,
+    ) -> Result<(), StoreError> {
+        if absent {
+            if applied(self.db.exec(&self.init, (slug, version)).await?)? {
+                return Ok(());
+            }
+            // Someone created the row meanwhile: the conditional bump settles it.
+            applied(self.db.exec(&self.bump, (version, slug, version)).await?)?;
+            return Ok(());
+        }
         if applied(self.db.exec(&self.bump, (version, slug, version)).await?)? {
             return Ok(());
         }

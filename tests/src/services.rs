@@ -163,6 +163,7 @@ pub async fn spawn_replicator_with(
         dlq_topic: n.dlq_topic,
         consumer_stall_secs: 45,
         journal_interval_ms: 200,
+        lanes: 8,
     };
     tune(&mut kafka);
     let db = Db::connect(&infra.store_config(keyspace))
