@@ -140,6 +140,61 @@ pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
     Ok(())
 }
 
+/// GETs the slugs of `file` round and round on `base`, open loop at `rate` a second for `secs`
+/// seconds (a bounded count: rate × secs), as background redirect load beside another
+/// benchmark; prints how many answered 302, the other answers, and p50/p99/max in ms from each
+/// request's scheduled start.
+pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
+    let c = client(None)?;
+    let slugs = slugs_in(file)?;
+    if slugs.is_empty() {
+        bail!("no slugs in {file}");
+    }
+    async fn get(c: reqwest::Client, url: String, from: Instant) -> (f64, u16) {
+        let status = match c.get(&url).send().await {
+            Ok(r) => {
+                let s = r.status().as_u16();
+                r.bytes().await.map_or(0, |_| s)
+            }
+            Err(_) => 0,
+        };
+        (from.elapsed().as_secs_f64() * 1000.0, status)
+    }
+    let n = rate.max(1) as usize * secs as usize;
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        let at = start + period * u32::try_from(i)?;
+        tokio::time::sleep_until(at.into()).await;
+        let url = format!("{base}/{}", slugs[i % slugs.len()]);
+        tasks.push(tokio::spawn(get(c.clone(), url, at)));
+    }
+    let mut lat = Vec::with_capacity(n);
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for t in tasks {
+        let (ms, status) = t.await?;
+        lat.push(ms);
+        *statuses.entry(status).or_default() += 1;
+    }
+    lat.sort_by(f64::total_cmp);
+    let others: Vec<String> = statuses
+        .iter()
+        .filter(|(s, _)| **s != 302)
+        .map(|(s, n)| format!("status_{s}={n}"))
+        .collect();
+    println!(
+        "RESULT paced_requests={n} rate={rate} seconds={:.1} status_302={} {} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+        start.elapsed().as_secs_f64(),
+        statuses.get(&302).copied().unwrap_or(0),
+        others.join(" "),
+        pick(&lat, 0.5),
+        pick(&lat, 0.99),
+        lat[lat.len() - 1]
+    );
+    Ok(())
+}
+
 /// Waits (at most 120 s) until every slug's blob is readable, unsigned, in S3.
 pub async fn wait_s3(file: &str) -> Result<()> {
     let (s3, bucket) = (env("ZLINK_S3_ENDPOINT")?, env("ZLINK_S3_BUCKET")?);

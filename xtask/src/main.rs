@@ -50,6 +50,16 @@ enum Cmd {
         #[arg(long)]
         rate: Option<u32>,
     },
+    /// GET the slugs of FILE round and round on BASE, open loop at --rate a second for --secs
+    /// (background redirect load); counts answers by status.
+    Pace {
+        base: String,
+        file: String,
+        #[arg(long)]
+        rate: u32,
+        #[arg(long)]
+        secs: u32,
+    },
     /// Wait (at most 120 s) until every slug of FILE is readable in S3.
     WaitS3 { file: String },
     /// N creates paced over SECONDS with a new owner key, from SOURCE_IP.
@@ -146,6 +156,12 @@ fn main() -> Result<()> {
         }
         Cmd::Create { n, out } => rt()?.block_on(bench::create(n, &out)),
         Cmd::Cold { base, file, rate } => rt()?.block_on(bench::cold(&base, &file, rate)),
+        Cmd::Pace {
+            base,
+            file,
+            rate,
+            secs,
+        } => rt()?.block_on(bench::pace(&base, &file, rate, secs)),
         Cmd::WaitS3 { file } => rt()?.block_on(bench::wait_s3(&file)),
         Cmd::Flood {
             base,
