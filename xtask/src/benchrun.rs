@@ -298,7 +298,7 @@ pub fn report(results: &[BTreeMap<String, String>], date: &str, commit: &str) ->
     let f = |v: Option<f64>, prec: usize| v.map_or("-".to_string(), |x| format!("{x:.prec$}"));
     let ratio = |s: &str| f(ratios.get(s).copied(), 2);
     let row = format!(
-        "| {date} | {commit} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {date} | {commit} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
         f(yard, 0),
         ratio("hot-primary"),
         ratio("hot-lastresort"),
@@ -313,6 +313,8 @@ pub fn report(results: &[BTreeMap<String, String>], date: &str, commit: &str) ->
         f(get("clicks-1000", "events_per_s"), 0),
         f(get("clicks-100000", "events_per_s"), 0),
         memory_cell(results),
+        f(get("clicks-1000-redirects", "events_per_s"), 0),
+        f(get("clicks-100000-redirects", "events_per_s"), 0),
     );
     let json = serde_json::json!({
         "date": date,
@@ -343,7 +345,7 @@ fn memory_cell(results: &[BTreeMap<String, String>]) -> String {
 }
 
 /// The header `docs/benchmarks.md` starts with (written when the file is new).
-pub const MD_HEADER: &str = "# Benchmarks\n\nOne row per run of `deploy/local/bench-all` on the running local topology (2 cores; wrk\n-t2 -c16 over 1,000 hot links; click counter stopped unless the column says otherwise).\nRatios are req/s over nginx `return 302` measured in the same run. The run's full table and\nJSON are in `docs/bench/`.\n\n| date (UTC) | commit | nginx 302 req/s | primary | lastresort | frontend→primary | lr-host→lastresort | lr-host→S3 | primary, counter on | cold store p99 ms | cold S3 p99 ms | create→S3 p99 ms | clicks/s 100 links | clicks/s 1k links | clicks/s 100k links | RSS after distinct links |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+pub const MD_HEADER: &str = "# Benchmarks\n\nOne row per run of `deploy/local/bench-all` on the running local topology (2 cores; wrk\n-t2 -c16 over 1,000 hot links; click counter stopped unless the column says otherwise).\nRatios are req/s over nginx `return 302` measured in the same run. The run's full table and\nJSON are in `docs/bench/`.\n\n| date (UTC) | commit | nginx 302 req/s | primary | lastresort | frontend→primary | lr-host→lastresort | lr-host→S3 | primary, counter on | cold store p99 ms | cold S3 p99 ms | create→S3 p99 ms | clicks/s 100 links | clicks/s 1k links | clicks/s 100k links | RSS after distinct links | clicks/s 1k / 100k links, 4k redirects/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 
 #[cfg(test)]
 mod tests {
