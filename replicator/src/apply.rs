@@ -256,8 +256,8 @@ impl Applier {
                 span.end();
                 // A tombstone exists only for a version that was not an active, unexpiring
                 // link, and every event of version 1 carries the same state (slugs are never
-                // reused): a first version without expiry never had one, and the DELETE (a
-                // third of S3's work per create) is left out.
+                // reused): a first version without expiry never had one, and its DELETE (one of
+                // a create's two S3 requests) is left out.
                 let first_version = recorded == 0 && ev.version == 1 && ev.expires_at_ms.is_none();
                 if !first_version {
                     self.retry(true, "delete_tombstone", shutdown, || async {

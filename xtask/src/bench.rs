@@ -88,29 +88,33 @@ fn slugs_in(path: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// One GET of `url`: ms from `from` (its scheduled start) to the whole answer, and its status
+/// (0: no answer).
+async fn timed_get(c: reqwest::Client, url: String, from: Instant) -> (f64, u16) {
+    let status = match c.get(&url).send().await {
+        Ok(r) => {
+            let s = r.status().as_u16();
+            r.bytes().await.map_or(0, |_| s)
+        }
+        Err(_) => 0,
+    };
+    (from.elapsed().as_secs_f64() * 1000.0, status)
+}
+
 /// GETs each slug of `file` once on `base`, one at a time or, with `rate`, open loop at that
-/// many a second; prints p50/p99/max in ms.
+/// many a second; prints p50/p99/max in ms over every answer, and how many were not a 302 (a
+/// tier under load may answer 503 at its deadline; the frontend fails those over).
 pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
     let c = client(None)?;
     let slugs = slugs_in(file)?;
     if slugs.is_empty() {
         bail!("no slugs in {file}");
     }
-    // One GET, timed from `from` (its scheduled start).
-    async fn get(c: reqwest::Client, url: String, from: Instant) -> Result<f64> {
-        let r = c.get(&url).send().await?;
-        let status = r.status().as_u16();
-        r.bytes().await?;
-        if status != 302 {
-            bail!("cold GET {url} answered {status}");
-        }
-        Ok(from.elapsed().as_secs_f64() * 1000.0)
-    }
-    let mut lat = Vec::with_capacity(slugs.len());
+    let mut answers = Vec::with_capacity(slugs.len());
     match rate {
         None => {
             for s in &slugs {
-                lat.push(get(c.clone(), format!("{base}/{s}"), Instant::now()).await?);
+                answers.push(timed_get(c.clone(), format!("{base}/{s}"), Instant::now()).await);
             }
         }
         Some(rate) => {
@@ -121,18 +125,33 @@ pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
             for (i, s) in slugs.iter().enumerate() {
                 let at = start + period * u32::try_from(i)?;
                 tokio::time::sleep_until(at.into()).await;
-                tasks.push(tokio::spawn(get(c.clone(), format!("{base}/{s}"), at)));
+                tasks.push(tokio::spawn(timed_get(
+                    c.clone(),
+                    format!("{base}/{s}"),
+                    at,
+                )));
             }
             for t in tasks {
-                lat.push(t.await??);
+                answers.push(t.await?);
             }
         }
     }
+    let mut lat: Vec<f64> = answers.iter().map(|a| a.0).collect();
     lat.sort_by(f64::total_cmp);
+    let mut others = std::collections::BTreeMap::<u16, usize>::new();
+    for (_, status) in answers.iter().filter(|a| a.1 != 302) {
+        *others.entry(*status).or_default() += 1;
+    }
+    let others: Vec<String> = others
+        .iter()
+        .map(|(s, n)| format!("status_{s}={n}"))
+        .collect();
     println!(
-        "RESULT cold_requests={} rate={} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+        "RESULT cold_requests={} rate={} errors={} {} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
         lat.len(),
         rate.map_or_else(|| "serial".into(), |r| r.to_string()),
+        answers.iter().filter(|a| a.1 != 302).count(),
+        others.join(" "),
         pick(&lat, 0.5),
         pick(&lat, 0.99),
         lat[lat.len() - 1]
@@ -150,16 +169,6 @@ pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
     if slugs.is_empty() {
         bail!("no slugs in {file}");
     }
-    async fn get(c: reqwest::Client, url: String, from: Instant) -> (f64, u16) {
-        let status = match c.get(&url).send().await {
-            Ok(r) => {
-                let s = r.status().as_u16();
-                r.bytes().await.map_or(0, |_| s)
-            }
-            Err(_) => 0,
-        };
-        (from.elapsed().as_secs_f64() * 1000.0, status)
-    }
     let n = rate.max(1) as usize * secs as usize;
     let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
     let start = Instant::now();
@@ -168,7 +177,7 @@ pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
         let at = start + period * u32::try_from(i)?;
         tokio::time::sleep_until(at.into()).await;
         let url = format!("{base}/{}", slugs[i % slugs.len()]);
-        tasks.push(tokio::spawn(get(c.clone(), url, at)));
+        tasks.push(tokio::spawn(timed_get(c.clone(), url, at)));
     }
     let mut lat = Vec::with_capacity(n);
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
