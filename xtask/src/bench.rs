@@ -101,6 +101,70 @@ async fn timed_get(c: reqwest::Client, url: String, from: Instant) -> (f64, u16)
     (from.elapsed().as_secs_f64() * 1000.0, status)
 }
 
+/// GETs `urls` open loop, request i at i / `rate` s from now (a stall counts for every request
+/// it delays), and waits for every answer.
+async fn open_loop(
+    c: &reqwest::Client,
+    urls: impl ExactSizeIterator<Item = String>,
+    rate: u32,
+) -> Result<Vec<(f64, u16)>> {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(urls.len());
+    for (i, url) in urls.enumerate() {
+        let at = start + period * u32::try_from(i)?;
+        tokio::time::sleep_until(at.into()).await;
+        tasks.push(tokio::spawn(timed_get(c.clone(), url, at)));
+    }
+    let mut answers = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        answers.push(t.await?);
+    }
+    Ok(answers)
+}
+
+/// The answers of a run: latencies sorted, and how many answered each status.
+struct Answers {
+    lat: Vec<f64>,
+    by_status: std::collections::BTreeMap<u16, usize>,
+}
+
+impl Answers {
+    fn new(answers: &[(f64, u16)]) -> Self {
+        let mut lat: Vec<f64> = answers.iter().map(|a| a.0).collect();
+        lat.sort_by(f64::total_cmp);
+        let mut by_status = std::collections::BTreeMap::new();
+        for (_, status) in answers {
+            *by_status.entry(*status).or_default() += 1;
+        }
+        Answers { lat, by_status }
+    }
+
+    fn count(&self, status: u16) -> usize {
+        self.by_status.get(&status).copied().unwrap_or(0)
+    }
+
+    /// `status_503=3 status_0=1`: every answer that was not a 302.
+    fn not_302(&self) -> String {
+        self.by_status
+            .iter()
+            .filter(|(s, _)| **s != 302)
+            .map(|(s, n)| format!("status_{s}={n}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// `p50_ms=... p99_ms=... max_ms=...`
+    fn latency(&self) -> String {
+        format!(
+            "p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+            pick(&self.lat, 0.5),
+            pick(&self.lat, 0.99),
+            self.lat[self.lat.len() - 1]
+        )
+    }
+}
+
 /// GETs each slug of `file` once on `base`, one at a time or, with `rate`, open loop at that
 /// many a second; prints p50/p99/max in ms over every answer, and how many were not a 302 (a
 /// tier under load may answer 503 at its deadline; the frontend fails those over).
@@ -110,51 +174,26 @@ pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
     if slugs.is_empty() {
         bail!("no slugs in {file}");
     }
-    let mut answers = Vec::with_capacity(slugs.len());
-    match rate {
+    let urls = slugs.iter().map(|s| format!("{base}/{s}"));
+    let answers = match rate {
         None => {
-            for s in &slugs {
-                answers.push(timed_get(c.clone(), format!("{base}/{s}"), Instant::now()).await);
+            let mut answers = Vec::with_capacity(slugs.len());
+            for url in urls {
+                answers.push(timed_get(c.clone(), url, Instant::now()).await);
             }
+            answers
         }
-        Some(rate) => {
-            // Open loop, bounded by the file's length: request i starts at i / rate s.
-            let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
-            let start = Instant::now();
-            let mut tasks = Vec::with_capacity(slugs.len());
-            for (i, s) in slugs.iter().enumerate() {
-                let at = start + period * u32::try_from(i)?;
-                tokio::time::sleep_until(at.into()).await;
-                tasks.push(tokio::spawn(timed_get(
-                    c.clone(),
-                    format!("{base}/{s}"),
-                    at,
-                )));
-            }
-            for t in tasks {
-                answers.push(t.await?);
-            }
-        }
-    }
-    let mut lat: Vec<f64> = answers.iter().map(|a| a.0).collect();
-    lat.sort_by(f64::total_cmp);
-    let mut others = std::collections::BTreeMap::<u16, usize>::new();
-    for (_, status) in answers.iter().filter(|a| a.1 != 302) {
-        *others.entry(*status).or_default() += 1;
-    }
-    let others: Vec<String> = others
-        .iter()
-        .map(|(s, n)| format!("status_{s}={n}"))
-        .collect();
+        // Bounded by the file's length.
+        Some(rate) => open_loop(&c, urls, rate).await?,
+    };
+    let a = Answers::new(&answers);
     println!(
-        "RESULT cold_requests={} rate={} errors={} {} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
-        lat.len(),
+        "RESULT cold_requests={} rate={} errors={} {} {}",
+        answers.len(),
         rate.map_or_else(|| "serial".into(), |r| r.to_string()),
-        answers.iter().filter(|a| a.1 != 302).count(),
-        others.join(" "),
-        pick(&lat, 0.5),
-        pick(&lat, 0.99),
-        lat[lat.len() - 1]
+        answers.len() - a.count(302),
+        a.not_302(),
+        a.latency()
     );
     Ok(())
 }
@@ -170,36 +209,15 @@ pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
         bail!("no slugs in {file}");
     }
     let n = rate.max(1) as usize * secs as usize;
-    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    let urls = (0..n).map(|i| format!("{base}/{}", slugs[i % slugs.len()]));
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(n);
-    for i in 0..n {
-        let at = start + period * u32::try_from(i)?;
-        tokio::time::sleep_until(at.into()).await;
-        let url = format!("{base}/{}", slugs[i % slugs.len()]);
-        tasks.push(tokio::spawn(timed_get(c.clone(), url, at)));
-    }
-    let mut lat = Vec::with_capacity(n);
-    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-    for t in tasks {
-        let (ms, status) = t.await?;
-        lat.push(ms);
-        *statuses.entry(status).or_default() += 1;
-    }
-    lat.sort_by(f64::total_cmp);
-    let others: Vec<String> = statuses
-        .iter()
-        .filter(|(s, _)| **s != 302)
-        .map(|(s, n)| format!("status_{s}={n}"))
-        .collect();
+    let a = Answers::new(&open_loop(&c, urls, rate).await?);
     println!(
-        "RESULT paced_requests={n} rate={rate} seconds={:.1} status_302={} {} p50_ms={:.3} p99_ms={:.3} max_ms={:.3}",
+        "RESULT paced_requests={n} rate={rate} seconds={:.1} status_302={} {} {}",
         start.elapsed().as_secs_f64(),
-        statuses.get(&302).copied().unwrap_or(0),
-        others.join(" "),
-        pick(&lat, 0.5),
-        pick(&lat, 0.99),
-        lat[lat.len() - 1]
+        a.count(302),
+        a.not_302(),
+        a.latency()
     );
     Ok(())
 }
