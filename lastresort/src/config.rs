@@ -109,6 +109,7 @@ impl Config {
         }
         self.s3.validate()?;
         self.clicks.validate()?;
+        self.runtime.validate()?;
         self.trace.validate()?;
         if self.kafka.trim().is_empty() {
             return Err("--kafka must name the brokers clicks are replayed to".into());

@@ -37,6 +37,8 @@ pub struct State {
     pub geo: Arc<zlink_clients::geo::Geo>,
     /// The default domain's host names (`--short-domains`); other names are branded domains.
     pub hosts: Hosts,
+    /// Connections served at once (`--max-connections`).
+    pub max_connections: usize,
 }
 
 impl Tier for State {
@@ -151,14 +153,19 @@ async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
     resp
 }
 
-/// Serves until `shutdown`, then drains in-flight requests for at most `grace`.
+/// Serves until `shutdown` (at most `state.max_connections` connections at once), then drains
+/// in-flight requests for at most `grace`.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<State>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    zlink_redirect::serve::serve(listener, shutdown, grace, || {
+    let conns = zlink_redirect::serve::Connections {
+        max: state.max_connections,
+        metrics: state.metrics.connections.clone(),
+    };
+    zlink_redirect::serve::serve(listener, shutdown, grace, conns, || {
         let st = state.clone();
         hyper::service::service_fn(move |req| {
             let st = st.clone();

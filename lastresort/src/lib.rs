@@ -113,6 +113,7 @@ pub fn state(
             .map_err(|e| e.to_string())?,
         ready: false.into(),
         hosts: zlink_wire::domain::Hosts::new(cfg.short_domains.iter().map(String::as_str)),
+        max_connections: cfg.runtime.max_connections,
     }))
 }
 

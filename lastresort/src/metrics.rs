@@ -12,6 +12,8 @@ pub struct Metrics {
     /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
     /// cache layers count them).
     pub cache: zlink_redirect::cache::CacheMetrics,
+    /// The accept loop's connections (open, waits for a slot).
+    pub connections: zlink_redirect::serve::ConnMetrics,
     /// S3 GetObject latency, seconds.
     pub s3_seconds: Histogram,
     pub s3_errors: IntCounter,
@@ -114,8 +116,11 @@ impl Metrics {
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         let breakers =
             zlink_clients::breaker::BreakerMetrics::register(&registry).expect("registered once");
+        let connections =
+            zlink_redirect::serve::ConnMetrics::register(&registry).expect("registered once");
         Metrics {
             breakers,
+            connections,
             registry,
             requests,
             cache: zlink_redirect::cache::CacheMetrics {

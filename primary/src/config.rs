@@ -214,6 +214,7 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.store.validate()?;
         self.trace.validate()?;
+        self.runtime.validate()?;
         if self.kafka_brokers().is_some() {
             self.clicks.validate()?;
         }
@@ -368,6 +369,9 @@ mod tests {
         assert!(serve(&["--store-breaker-failures", "0"])
             .unwrap_err()
             .contains("store-breaker"));
+        assert!(serve(&["--max-connections", "0"])
+            .unwrap_err()
+            .contains("max-connections"));
     }
 
     #[test]

@@ -284,15 +284,21 @@ where
     }
 }
 
-/// Serves until `shutdown` is cancelled, then stops accepting, lets in-flight requests finish
-/// (up to `grace`), and returns (the redirect kit's accept loop, as lastresort's).
+/// Serves until `shutdown` is cancelled, at most `max_connections` connections at once, then
+/// stops accepting, lets in-flight requests finish (up to `grace`), and returns (the redirect
+/// kit's accept loop, as lastresort's).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: CancellationToken,
     grace: Duration,
+    max_connections: usize,
 ) {
-    zlink_redirect::serve::serve(listener, shutdown, grace, || {
+    let conns = zlink_redirect::serve::Connections {
+        max: max_connections,
+        metrics: state.metrics.connections.clone(),
+    };
+    zlink_redirect::serve::serve(listener, shutdown, grace, conns, || {
         let app = state.clone();
         let svc = ServiceBuilder::new()
             .layer(ObserveLayer {

@@ -72,6 +72,7 @@ pub struct App {
     background: tokio::task::JoinSet<()>,
     shutdown: CancellationToken,
     grace: Duration,
+    max_connections: usize,
 }
 
 impl App {
@@ -111,6 +112,7 @@ impl App {
             background,
             shutdown,
             grace: Duration::from_secs(cfg.shutdown_grace_s),
+            max_connections: cfg.runtime.max_connections,
         })
     }
 
@@ -124,6 +126,7 @@ impl App {
             self.state.clone(),
             self.shutdown.clone(),
             self.grace,
+            self.max_connections,
         )
         .await;
         self.state.events.close().await;

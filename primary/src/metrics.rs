@@ -12,6 +12,8 @@ pub struct Metrics {
     /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
     /// cache layers count them).
     pub cache: zlink_redirect::cache::CacheMetrics,
+    /// The accept loop's connections (open, waits for a slot).
+    pub connections: zlink_redirect::serve::ConnMetrics,
     /// Link reads that reached the store (what request coalescing bounds).
     pub store_reads: IntCounter,
     /// Store failures by operation.
@@ -128,9 +130,12 @@ impl Metrics {
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         let breakers =
             zlink_clients::breaker::BreakerMetrics::register(&registry).expect("registered once");
+        let connections =
+            zlink_redirect::serve::ConnMetrics::register(&registry).expect("registered once");
         Self {
             clicks,
             breakers,
+            connections,
             registry,
             requests,
             redirect_seconds,

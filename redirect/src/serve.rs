@@ -1,16 +1,22 @@
 //! The accept loop both tiers serve HTTP/1.1 with: keep-alive, a header read deadline, no
-//! Nagle delay, accept errors (EMFILE and friends) backed off instead of spun on, and on
-//! shutdown: stop accepting, let in-flight requests finish for at most `grace`.
+//! Nagle delay, accept errors (EMFILE and friends) backed off instead of spun on, at most
+//! `max` connections open at once (the next waits in the listen backlog until one closes: a
+//! process's memory for connections and their requests is bounded by its configuration, not
+//! by how hard it is pushed), and on shutdown: stop accepting, let in-flight requests finish
+//! for at most `grace`.
 
 use crate::Resp;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use prometheus::{IntCounter, IntGauge, Registry};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// The TCP peer of a request, in its extensions (put there by [`serve`]).
@@ -27,12 +33,45 @@ impl Peer {
     }
 }
 
+/// The accept loop's metrics, in each tier's own registry.
+#[derive(Clone)]
+pub struct ConnMetrics {
+    /// Connections open now.
+    pub open: IntGauge,
+    /// Times every connection slot was taken when the loop went to accept the next one.
+    pub limit_waits: IntCounter,
+}
+
+impl ConnMetrics {
+    /// Made and registered in `registry` (the tier's, with its prefix).
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = ConnMetrics {
+            open: IntGauge::new("http_connections_open", "HTTP connections open now")?,
+            limit_waits: IntCounter::new(
+                "http_connection_limit_waits_total",
+                "Times every connection slot (--max-connections) was taken, so that new connections waited in the listen backlog",
+            )?,
+        };
+        registry.register(Box::new(m.open.clone()))?;
+        registry.register(Box::new(m.limit_waits.clone()))?;
+        Ok(m)
+    }
+}
+
+/// How many connections [`serve`] keeps open at once, and its metrics.
+#[derive(Clone)]
+pub struct Connections {
+    pub max: usize,
+    pub metrics: ConnMetrics,
+}
+
 /// Serves `listener` until `shutdown`; `service()` makes each connection's service, whose
-/// requests carry their [`Peer`].
+/// requests carry their [`Peer`]. At most `conns.max` connections are open at once.
 pub async fn serve<S, F>(
     listener: TcpListener,
     shutdown: CancellationToken,
     grace: Duration,
+    conns: Connections,
     service: F,
 ) where
     F: Fn() -> S,
@@ -47,7 +86,22 @@ pub async fn serve<S, F>(
         .max_buf_size(64 * 1024)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(conns.max.max(1)));
     loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                conns.metrics.limit_waits.inc();
+                tracing::debug!(
+                    max = conns.max,
+                    "every connection slot taken; the next connection waits"
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+                }
+            }
+        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -62,10 +116,14 @@ pub async fn serve<S, F>(
         let _ = stream.set_nodelay(true);
         let conn = graceful
             .watch(http.serve_connection(TokioIo::new(stream), WithPeer(service(), Peer(peer))));
+        let open = conns.metrics.open.clone();
+        open.inc();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
+            open.dec();
+            drop(slot);
         });
     }
     tracing::info!("shutting down: draining in-flight requests");
@@ -87,5 +145,97 @@ impl<S: hyper::service::Service<Request<Incoming>>> hyper::service::Service<Requ
     fn call(&self, mut req: Request<Incoming>) -> S::Future {
         req.extensions_mut().insert(self.1);
         self.0.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Sends one keep-alive GET on `s` and reads its whole answer (body "ok").
+    async fn ask(s: &mut TcpStream) -> String {
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        answer(s).await
+    }
+
+    async fn answer(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"\r\n\r\nok") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before the answer: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(got).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_limit_waits_until_one_closes() {
+        let registry = Registry::new();
+        let metrics = ConnMetrics::register(&registry).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let conns = Connections {
+            max: 1,
+            metrics: metrics.clone(),
+        };
+        let server = tokio::spawn(serve(
+            listener,
+            shutdown.clone(),
+            Duration::from_secs(1),
+            conns,
+            || {
+                hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                })
+            },
+        ));
+
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
+        assert_eq!(metrics.open.get(), 1);
+
+        // The kernel completes the second connection (listen backlog), but nobody reads it
+        // while the first holds the only slot.
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        second
+            .write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf)).await;
+        assert!(early.is_err(), "answered past the limit: {early:?}");
+        assert!(metrics.limit_waits.get() >= 1);
+        // The first is still served meanwhile (keep-alive on its slot).
+        assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
+
+        drop(first);
+        let late = tokio::time::timeout(Duration::from_secs(10), answer(&mut second))
+            .await
+            .expect("the waiting connection is served once the first closes");
+        assert!(late.starts_with("HTTP/1.1 200"));
+        assert_eq!(metrics.open.get(), 1);
+
+        shutdown.cancel();
+        drop(second);
+        server.await.unwrap();
+        for _ in 0..500 {
+            if metrics.open.get() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(metrics.open.get(), 0);
     }
 }
