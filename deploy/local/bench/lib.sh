@@ -55,3 +55,39 @@ bench_load() {
   "$(zl_bin zlink-xtask)" load --step "$step" --script "$script" --secs "$secs" \
     --procs "$(bench_procs "$work")" "$url" "$slugs"
 }
+
+# Click ingest on a topic, consumer group and counter process of a run's own (bench-all,
+# bench-clicks-ab): the topology's counter may have a backlog that is neither the run's events
+# nor its time. The topic has 6 partitions, as `clicks`; WORK/kafka-topics.log keeps Kafka's
+# words.
+bench_topic_create() {
+  local work="$1" topic="$2"
+  zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$ZLINK_KAFKA" \
+    --create --if-not-exists --topic "$topic" --partitions 6 --replication-factor 1 >>"$work/kafka-topics.log" 2>&1
+}
+bench_topic_delete() {
+  local work="$1" topic="$2"
+  zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$ZLINK_KAFKA" \
+    --delete --if-exists --topic "$topic" >>"$work/kafka-topics.log" 2>&1 || true
+}
+# bench_counter_start PIDFILE LOG TOPIC GROUP [PRIMARY_BIN [OPTION...]]: a click counter
+# counting TOPIC as GROUP on the bench-counter port, in the background, a child of the calling
+# shell (so it can be waited for), its pid in PIDFILE before anything can fail (so a cleanup
+# finds it); returns once it is ready, non-zero if it was not within 60 s.
+bench_counter_start() {
+  local pidfile="$1" log="$2" topic="$3" group="$4" bin="${5:-$(zl_bin primary)}"
+  local args=("${@:6}")
+  (
+    zl_primary_env
+    export RUST_LOG=warn
+    exec "$bin" count-clicks --listen "127.0.0.1:$(zl_port bench-counter)" \
+      --group-id "$group" --clicks-topic "$topic" "${args[@]}"
+  ) >"$log" 2>&1 &
+  echo $! >"$pidfile"
+  zl_wait_for "bench counter" 60 curl -sf -o /dev/null "http://127.0.0.1:$(zl_port bench-counter)/readyz"
+}
+# bench_clicks_restore WAS_RUNNING: starts the topology's click counter again if it ran before
+# the benchmark stopped it (1) and is not running now; never fails (for EXIT traps).
+bench_clicks_restore() {
+  if [[ "$1" == 1 ]] && ! zl_pid clicks >/dev/null; then { zl_start clicks && zl_wait_ready clicks; } >/dev/null 2>&1 || true; fi
+}
