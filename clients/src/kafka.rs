@@ -11,14 +11,27 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-/// Reconnect quickly after a broker restart. librdkafka's default backs off up to 10 s between
-/// attempts, which alone broke the 5 s create → S3 window after a Kafka restart; 1 s at most
-/// costs a few connection attempts per second while a broker is down.
+/// Reconnect quickly after a broker restart, and leave a hung broker quickly.
+///
+/// librdkafka's default backs off up to 10 s between attempts, which alone broke the 5 s
+/// create → S3 window after a Kafka restart; 1 s at most costs a few connection attempts per
+/// second while a broker is down.
+///
+/// A hung broker (SIGSTOP, a stalled disk) accepts connections and never answers. The cluster
+/// fences it after `broker.session.timeout.ms` (3 s in the local cluster, deploy/local/cluster.sh)
+/// and moves its partitions' leadership; a client learns of the move from its metadata. By
+/// default a request to the hung broker waits 60 s (`socket.timeout.ms`) and metadata is
+/// refreshed every 5 minutes: measured on a 3-broker cluster, links created while one broker
+/// hung reached S3 after 13 s (p50) to 31 s (p99). Here a request waits at most 2 s (then the
+/// connection is dropped and metadata refreshed) and metadata is refreshed every second, so a
+/// producer and a consumer follow a new leader about a second after the cluster elected it.
 pub fn reconnect_fast(c: &mut ClientConfig) -> &mut ClientConfig {
     c.set("reconnect.backoff.ms", "50")
         .set("reconnect.backoff.max.ms", "1000")
         .set("retry.backoff.ms", "50")
         .set("retry.backoff.max.ms", "500")
+        .set("socket.timeout.ms", "2000")
+        .set("topic.metadata.refresh.interval.ms", "1000")
 }
 
 /// An idempotent, `acks=all` producer: a retried send never duplicates or reorders within a
@@ -28,11 +41,54 @@ pub fn producer(brokers: &str, client_id: &str) -> ClientConfig {
     c.set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
+        // How long the partition leader waits for the in-sync replicas: a hung follower is out
+        // of the ISR once fenced (3 s); meanwhile the send is answered and retried, not held.
+        .set("request.timeout.ms", "2000")
         // Small messages: Nagle would hold them back behind delayed ACKs.
         .set("socket.nagle.disable", "true")
         .set("client.id", client_id);
     reconnect_fast(&mut c);
     c
+}
+
+/// What a cluster's metadata says of its health.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterHealth {
+    /// Brokers in the metadata (a fenced broker is not).
+    pub brokers: usize,
+    /// Partitions with fewer in-sync replicas than replicas.
+    pub under_replicated: usize,
+    /// Partitions without a leader.
+    pub offline: usize,
+}
+
+impl ClusterHealth {
+    pub fn of(md: &rdkafka::metadata::Metadata) -> Self {
+        Self::count(
+            md.brokers().len(),
+            md.topics()
+                .iter()
+                .flat_map(|t| t.partitions())
+                .map(|p| (p.leader(), p.replicas().len(), p.isr().len())),
+        )
+    }
+
+    /// From (leader, replicas, in-sync replicas) of every partition; a leader below 0 is none.
+    pub fn count(brokers: usize, partitions: impl Iterator<Item = (i32, usize, usize)>) -> Self {
+        let mut h = ClusterHealth {
+            brokers,
+            ..Default::default()
+        };
+        for (leader, replicas, isr) in partitions {
+            if leader < 0 {
+                h.offline += 1;
+            }
+            if isr < replicas {
+                h.under_replicated += 1;
+            }
+        }
+        h
+    }
 }
 
 /// A Kafka client handle that is dropped on a thread of its own. Dropping a librdkafka handle
@@ -590,6 +646,27 @@ pub fn store_done(consumer: &StreamConsumer, topic: &str, partition: i32, offset
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_health_counts_partitions_short_of_replicas_and_without_a_leader() {
+        // Three brokers, one fenced: its partitions lost it from the ISR; one lost its leader.
+        let parts = [(1, 3, 3), (2, 3, 2), (-1, 3, 1), (3, 1, 1)];
+        assert_eq!(
+            ClusterHealth::count(2, parts.into_iter()),
+            ClusterHealth {
+                brokers: 2,
+                under_replicated: 2,
+                offline: 1
+            }
+        );
+        assert_eq!(
+            ClusterHealth::count(1, std::iter::empty()),
+            ClusterHealth {
+                brokers: 1,
+                ..Default::default()
+            }
+        );
+    }
 
     #[test]
     fn a_producer_failing_sends_in_a_row_is_replaced_at_most_once_per_interval() {

@@ -52,7 +52,8 @@ LASTRESORT_COUNT=2
 # Components in start order; `down` stops them in reverse.
 zl_components() {
   if zl_fault_proxies; then echo toxiproxy; fi
-  echo cassandra kafka s3 memcached
+  zl_engines
+  echo s3 memcached
   local i
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do echo "primary-$i"; done
   echo replicator clicks
@@ -167,21 +168,28 @@ zl_probe() {
 
 # ---------------------------------------------------------------- cassandra
 zl_start_cassandra() {
-  local dir="$ZLINK_RUN/cassandra"
+  zl_spawn_cassandra cassandra "$ZLINK_RUN/cassandra" 127.0.0.1 "127.0.0.1:$(zl_port cassandra-storage)" false ""
+}
+# zl_spawn_cassandra NAME DIR ADDR SEEDS HINTS RING: one Cassandra node listening on ADDR
+# (storage and CQL ports the same on every address), RING: the yaml lines only a ring node has.
+zl_spawn_cassandra() {
+  local name="$1" dir="$2" addr="$3" seeds="$4" hints="$5" ring="$6" yaml
   mkdir -p "$dir"/{data,commitlog,saved_caches,hints,cdc_raw}
-  sed -e "s|@DIR@|$dir|g" -e "s|@CQL_PORT@|$(zl_port cql)|g" \
-    -e "s|@STORAGE_PORT@|$(zl_port cassandra-storage)|g" \
-    "$ZLINK_ROOT/deploy/local/conf/cassandra.yaml.tmpl" >"$dir/cassandra.yaml"
+  yaml="$(sed -e "s|@DIR@|$dir|g" -e "s|@CQL_PORT@|$(zl_port cql)|g" \
+    -e "s|@STORAGE_PORT@|$(zl_port cassandra-storage)|g" -e "s|@ADDR@|$addr|g" \
+    -e "s|@SEEDS@|$seeds|g" -e "s|@HINTS@|$hints|g" \
+    "$ZLINK_ROOT/deploy/local/conf/cassandra.yaml.tmpl")"
+  printf '%s\n' "${yaml//@RING@/$ring}" >"$dir/cassandra.yaml"
   local jvm_opts
   mapfile -t jvm_opts < <(grep -v -e '^#' -e '^$' "$ZLINK_ROOT/deploy/local/conf/cassandra-jvm17.options")
   # 2 GiB of heap: every test keyspace's ~30 tables stay in the heap's schema and memtable
   # structures, and a full test run plus reruns against the same servers filled 1 GiB
-  # (OutOfMemoryError after ~100 keyspaces). ZLINK_CASSANDRA_HEAP overrides.
+  # (OutOfMemoryError after ~100 keyspaces). ZLINK_CASSANDRA_HEAP overrides (a ring node: 1g).
   local heap="${ZLINK_CASSANDRA_HEAP:-2g}"
-  zl_spawn cassandra java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
+  zl_spawn "$name" java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
     -Dcassandra.config="file://$dir/cassandra.yaml" \
     -Dcassandra.storagedir="$dir" \
-    -Dcassandra.logdir="$ZLINK_RUN/logs" \
+    -Dcassandra.logdir="$ZLINK_RUN/logs/$name" \
     -Dlogback.configurationFile="$ZLINK_ROOT/deploy/local/conf/cassandra-logback.xml" \
     -Dcassandra-foreground=yes \
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \
@@ -200,36 +208,44 @@ zl_kafka_java() {
     -cp "$KAFKA_LIB/*" "$@"
 }
 zl_start_kafka() {
-  local dir="$ZLINK_RUN/kafka"
+  # A single combined broker+controller node in KRaft mode, loopback only.
+  zl_spawn_kafka kafka "$ZLINK_RUN/kafka" 1 127.0.0.1 "1@127.0.0.1:$(zl_port kafka-controller)" \
+    "offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1"
+}
+# zl_spawn_kafka NAME DIR NODE_ID ADDR VOTERS EXTRA: one combined broker+controller KRaft node
+# listening on ADDR (the same ports on every address), in the quorum VOTERS, with the
+# server.properties lines EXTRA (replication of the internal topics, failure detection). Its
+# log dir is formatted with the topology's cluster id before its first start.
+zl_spawn_kafka() {
+  local name="$1" dir="$2" id="$3" addr="$4" voters="$5" extra="$6"
   mkdir -p "$dir"
   cat >"$dir/server.properties" <<EOF
-# Single combined broker+controller node in KRaft mode, loopback only.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$(zl_port kafka-controller)
-listeners=PLAINTEXT://127.0.0.1:$(zl_port kafka),CONTROLLER://127.0.0.1:$(zl_port kafka-controller)
-advertised.listeners=PLAINTEXT://127.0.0.1:$(zl_port kafka)
+node.id=$id
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://$addr:$(zl_port kafka),CONTROLLER://$addr:$(zl_port kafka-controller)
+advertised.listeners=PLAINTEXT://$addr:$(zl_port kafka)
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
 offsets.topic.num.partitions=6
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.hours=168
+$extra
 EOF
   if [[ ! -f "$dir/data/meta.properties" ]]; then
     zl_kafka_java kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" \
-      -c "$dir/server.properties" >>"$(zl_logfile kafka)" 2>&1 ||
-      zl_die "formatting the Kafka log dir failed; see $(zl_logfile kafka)"
+      -c "$dir/server.properties" >>"$(zl_logfile "$name")" 2>&1 ||
+      zl_die "formatting the Kafka log dir of $name failed; see $(zl_logfile "$name")"
   fi
-  zl_spawn kafka java -Xms256m -Xmx512m -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+  zl_spawn "$name" java -Xms256m -Xmx512m -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
     -Dkafka.logs.dir="$ZLINK_RUN/logs" \
     -cp "$KAFKA_LIB/*" kafka.Kafka "$dir/server.properties"
@@ -238,14 +254,16 @@ zl_ready_kafka() {
   zl_probe kafka 127.0.0.1 "$(zl_port kafka)" || return 1
   # Topics exist (created once, idempotently) = ready for producers and consumers.
   [[ -f "$ZLINK_RUN/kafka/topics.ok" ]] && return 0
-  zl_kafka_topics && touch "$ZLINK_RUN/kafka/topics.ok"
+  zl_kafka_topics kafka "127.0.0.1:$(zl_port kafka)" 1 && touch "$ZLINK_RUN/kafka/topics.ok"
 }
+# zl_kafka_topics LOG BOOTSTRAP RF [--config K=V ...]: creates every topic of $KAFKA_TOPICS
+# that is missing, at replication factor RF, logging to LOG's log.
 zl_kafka_topics() {
-  local t
+  local log="$1" bootstrap="$2" rf="$3" t; shift 3
   for t in $KAFKA_TOPICS; do
-    zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$(zl_port kafka)" \
-      --create --if-not-exists --topic "${t%%:*}" --partitions "${t##*:}" --replication-factor 1 \
-      >>"$(zl_logfile kafka)" 2>&1 || return 1
+    zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
+      --create --if-not-exists --topic "${t%%:*}" --partitions "${t##*:}" --replication-factor "$rf" \
+      "$@" >>"$(zl_logfile "$log")" 2>&1 || return 1
   done
 }
 ZL_TIMEOUT_kafka=120
@@ -300,10 +318,10 @@ ZL_TIMEOUT_memcached=10
 # ZLINK_BIN_DIR: where the binaries are, if not this build (bench-ab starts an older build).
 zl_bin() { echo "${ZLINK_BIN_DIR:-$CARGO_TARGET_DIR/release}/$1"; }
 zl_primary_env() {
-  export ZLINK_CQL_NODES="$(zl_addr cassandra)"
+  export ZLINK_CQL_NODES="$(zl_cql_nodes)"
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
   export ZLINK_MEMCACHED="$(zl_addr memcached)"
-  export ZLINK_KAFKA="127.0.0.1:$(zl_port kafka)"
+  export ZLINK_KAFKA="$(zl_kafka_bootstrap)"
   export ZLINK_RATE_LIMIT_EXEMPT="${ZLINK_RATE_LIMIT_EXEMPT:-$ZLINK_LOAD_GENERATOR}"
   export ZLINK_SHORT_DOMAINS
 }
@@ -506,7 +524,7 @@ zl_start_lastresort() {
     export ZLINK_IP_HASH_SALT ZLINK_SHORT_DOMAINS RUST_LOG="${RUST_LOG:-info}"
     zl_worker_threads
     zl_spawn "$name" $(zl_site_exec) "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
-      --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "127.0.0.1:$(zl_port kafka)" \
+      --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "$(zl_kafka_bootstrap)" \
       --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"
   )
 }
@@ -618,7 +636,8 @@ zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
 # Components with a fault proxy in front, and the port name each is reached on.
 zl_proxied_port() {
   case "$1" in
-    cassandra) echo cql ;;
+    # (A ring node has none: the driver connects to the addresses the ring gives it.)
+    cassandra) zl_cluster && return 1; echo cql ;;
     memcached | s3 | primary-*) echo "$1" ;;
     # (In the network-namespace mode the site's own hops stay inside the site.)
     lastresort-*) zl_netns && return 1; echo "$1" ;;
@@ -637,7 +656,8 @@ zl_addr() {
 }
 zl_start_toxiproxy() {
   local conf="$ZLINK_RUN/toxiproxy.json" sep="" c i
-  local fronted=(cassandra memcached s3)
+  local fronted=(memcached s3)
+  zl_cluster || fronted+=(cassandra)
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do fronted+=("primary-$i"); done
   if ! zl_netns; then
     for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
@@ -678,6 +698,8 @@ zl_toxi() {
 # `ctl fault cut wan|site-s3` takes a link down, `ctl heal cut ...` brings it back.
 # (`up` records the mode in the run dir, so later `ctl` calls need not repeat it.)
 [[ -z "${ZLINK_NETNS:-}" && -f "$ZLINK_RUN/netns" ]] && ZLINK_NETNS=1
+# The clustered engines (ZLINK_CLUSTER=1): their own file.
+source "$ZLINK_ROOT/deploy/local/cluster.sh"
 zl_netns() { [[ "${ZLINK_NETNS:-0}" == 1 ]]; }
 ZL_NS="zlink-site-$ZLINK_PORT_BASE"
 zl_site_exec() { if zl_netns; then echo ip netns exec "$ZL_NS"; fi; }
@@ -767,11 +789,25 @@ ZL_TIMEOUT_gw_site=10
 #   slow       every byte from NAME waits ZLINK_FAULT_SLOW_MS (1000) and flows at
 #              ZLINK_FAULT_SLOW_KBPS (64 KB/s) | normal (needs a fault proxy in front of NAME)
 #   blackhole  connections to NAME are accepted and every byte both ways is swallowed | normal
+#   restart    a graceful stop (SIGTERM), then a start, waiting until ready: one step of a
+#              rolling restart, as an upgrade does it | nothing (it is back already)
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
   case "$action:$kind" in
     fault:kill) zl_kill "$name" ;;
     heal:kill) zl_start "$name" && zl_wait_ready "$name" ;;
+    fault:restart)
+      if [[ "$name" == nginx-frontend || "$name" == nginx-lastresort ]]; then
+        # nginx is reloaded, as an upgrade of its config is: new workers, old ones finish.
+        pid="$(zl_pid "$name")" || zl_die "$name is not running"
+        zl_render_nginx "$name" >/dev/null || zl_die "rendering $name failed"
+        kill -HUP "$pid"
+        zl_wait_ready "$name"
+      else
+        zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
+      fi
+      ;;
+    heal:restart) zl_pid "$name" >/dev/null || { zl_start "$name" && zl_wait_ready "$name"; } ;;
     fault:hang)
       pid="$(zl_pid "$name")" || zl_die "$name is not running"
       kill -STOP -- "-$pid" 2>/dev/null || kill -STOP "$pid"
@@ -821,7 +857,7 @@ zl_fault() {
         fi
       fi
       ;;
-    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut)" ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart)" ;;
   esac
 }
 
@@ -830,6 +866,7 @@ zl_kind() {
   case "$1" in
     primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;;
     nginx-exporter-*) echo nginx_exporter ;; nginx-*) echo nginx ;;
+    cassandra-*) echo cassandra_node ;; kafka-*) echo kafka_node ;;
     alert-receiver) echo alert_receiver ;; gw-dc) echo gw_dc ;; gw-site) echo gw_site ;;
     *) echo "$1" ;;
   esac
@@ -844,7 +881,7 @@ zl_known() {
 zl_is_ready() {
   local kind; kind="$(zl_kind "$1")"
   case "$kind" in
-    primary | lastresort | nginx | nginx_exporter) "zl_ready_$kind" "$1" ;;
+    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node) "zl_ready_$kind" "$1" ;;
     *) "zl_ready_$kind" ;;
   esac
 }
@@ -856,7 +893,7 @@ zl_start() {
   if zl_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   case "$kind" in
-    primary | lastresort | nginx | nginx_exporter) "zl_start_$kind" "$name" ;;
+    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node) "zl_start_$kind" "$name" ;;
     *) "zl_start_$kind" ;;
   esac
 }

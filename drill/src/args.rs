@@ -37,8 +37,9 @@ pub struct Args {
         default_value = "primaries,lastresorts,store,memcached,s3"
     )]
     pub proxied: Vec<String>,
-    /// A scenario: `KIND:TIER` (kill|hang|slow|blackhole|flap : a tier) or `ladder:KIND`
-    /// (primaries, then lastresorts too, then back). Repeatable; default `ladder:kill`.
+    /// A scenario: `KIND:TIER` (kill|hang|slow|blackhole|flap|restart : a tier), `ladder:KIND`
+    /// (primaries, then lastresorts too, then back) or `rolling` (the `rolling` tier restarted
+    /// one component at a time). Repeatable; default `ladder:kill`.
     #[arg(long = "fault")]
     pub faults: Vec<String>,
     /// The CI set: both ladders (kill, hang) and a kill and a hang of every other tier.
@@ -47,6 +48,15 @@ pub struct Args {
     /// Every kind on every tier (slow/blackhole where proxied) and both ladders.
     #[arg(long)]
     pub matrix: bool,
+    /// Tiers that are one replica of a replicated engine (a store node, a broker; each its own
+    /// tier, by default the component of the same name): a fault of one must be invisible (every
+    /// create answered 201, redirects on rung 1, ε held).
+    #[arg(long, value_delimiter = ',')]
+    pub replicas: Vec<String>,
+    /// The clustered set: every --replicas tier killed and hung, then the rolling restart (the
+    /// `rolling` tier's components restarted one at a time under load).
+    #[arg(long)]
+    pub cluster: bool,
     /// The network-cut set (network-namespace mode): the WAN between the sites cut, then the
     /// primary site's S3 blackholed. Use with --site.
     #[arg(long)]

@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use writer::{probe, writer};
+use writer::{probe, verify, writer};
 
 /// The tier → components map: defaults, the primaries/lastresorts flags, then `--tier`.
 fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
@@ -52,6 +52,9 @@ fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     .collect();
     m.insert("primaries".into(), a.primaries.clone());
     m.insert("lastresorts".into(), a.lastresorts.clone());
+    for r in &a.replicas {
+        m.insert(r.clone(), vec![r.clone()]);
+    }
     for t in &a.tiers {
         let (name, comps) = t
             .split_once('=')
@@ -87,13 +90,16 @@ async fn main() -> anyhow::Result<()> {
     if a.netcut {
         scenarios.extend(plan::netcut());
     }
+    if a.cluster {
+        scenarios.extend(plan::cluster(&a.replicas));
+    }
     for f in &a.faults {
         scenarios.push(Scenario::parse(f)?);
     }
     if scenarios.is_empty() {
         scenarios.push(Scenario::Ladder(Kind::Kill));
     }
-    let phases = plan::phases(&scenarios, &tier_map(&a)?, &a.proxied)?;
+    let phases = plan::phases(&scenarios, &tier_map(&a)?, &a.proxied, &a.replicas)?;
     anyhow::ensure!(phases.len() <= 200, "at most 200 phases");
     let targets = Targets {
         added_p99_ms: a.max_added_p99_ms,
@@ -274,7 +280,8 @@ async fn main() -> anyhow::Result<()> {
         phase.store(i, Ordering::Relaxed);
         let start_ms = t0.elapsed().as_millis() as u64;
         let act_started = Instant::now();
-        acting.store(true, Ordering::Relaxed);
+        // (An invisible fault's creates go on meanwhile: they must all succeed.)
+        acting.store(!p.invisible, Ordering::Relaxed);
         let mut err = None;
         for act in &p.actions {
             let (tpl, kind, comp) = match act {
@@ -329,7 +336,9 @@ async fn main() -> anyhow::Result<()> {
         r.action_s = s;
     }
     if let Some(w) = writes {
-        report::add_writes(&phases, &mut results, &w.await?, a.eps_ms);
+        let mut w = w.await?;
+        verify(&client, &base, &a.admin_key, &run, &mut w).await;
+        report::add_writes(&phases, &mut results, &w, a.eps_ms);
     }
 
     // Mappings: ScyllaDB vs S3. A store that lost acknowledged objects (a killed S3 server can)

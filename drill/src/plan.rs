@@ -15,6 +15,9 @@ pub enum Kind {
     Flap,
     /// A network link taken down (the network-namespace mode's `wan` or `site-s3`).
     Cut,
+    /// A graceful stop and a start, waiting until ready (nginx: a reload): one step of a
+    /// rolling restart. Nothing to restore.
+    Restart,
 }
 
 /// What a flapping component does while it is "down".
@@ -37,16 +40,19 @@ impl Kind {
             Kind::Blackhole => "blackhole",
             Kind::Flap => "flap",
             Kind::Cut => "cut",
+            Kind::Restart => "restart",
         }
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Kind> {
         Kind::ALL
             .into_iter()
-            .chain([Kind::Cut])
+            .chain([Kind::Cut, Kind::Restart])
             .find(|k| k.name() == s)
             .with_context(|| {
-                format!("unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut)")
+                format!(
+                    "unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut, restart)"
+                )
             })
     }
 
@@ -83,7 +89,15 @@ pub struct Phase {
     pub alerts_fire: Vec<&'static str>,
     /// Alerts that must be resolved by the end of the phase (under the same conditions).
     pub alerts_resolve: Vec<&'static str>,
+    /// One replica of a replicated engine is broken (one store node, one broker) or the
+    /// components are restarted one at a time: users must not see it. Every create is answered
+    /// 201, at least [`RUNG1_SHARE`] of redirects are served by rung 1, and creates go on while
+    /// the actions run.
+    pub invisible: bool,
 }
+
+/// The share of redirects rung 1 must serve in a phase whose fault must be invisible.
+pub const RUNG1_SHARE: f64 = 0.99;
 
 /// What the ladder's alerts say: rung 2 serving and no primary up; rung 3 and no lastresort.
 const RUNG2_ALERTS: [&str; 2] = ["ZlinkRung2Serving", "ZlinkPrimariesDown"];
@@ -113,14 +127,20 @@ pub enum Scenario {
     Ladder(Kind),
     /// One tier broken, then restored.
     Tier(Kind, String),
+    /// Every component of the `rolling` tier restarted (`restart`), one at a time, in order,
+    /// under load: what an upgrade does.
+    Rolling,
 }
 
 impl Scenario {
-    /// `ladder:KIND` or `KIND:TIER`.
+    /// `ladder:KIND`, `KIND:TIER` or `rolling`.
     pub fn parse(s: &str) -> anyhow::Result<Scenario> {
+        if s == "rolling" {
+            return Ok(Scenario::Rolling);
+        }
         let (a, b) = s
             .split_once(':')
-            .with_context(|| format!("{s:?}: expected KIND:TIER or ladder:KIND"))?;
+            .with_context(|| format!("{s:?}: expected KIND:TIER, ladder:KIND or rolling"))?;
         if a == "ladder" {
             let k = Kind::parse(b)?;
             if k == Kind::Flap {
@@ -177,11 +197,25 @@ pub fn fast() -> Vec<Scenario> {
     v
 }
 
-/// The phases of a run: one baseline, then each scenario's phases.
+/// The clustered set: each replica tier (one store node, one broker) killed and hung, then the
+/// rolling restart.
+pub fn cluster(replicas: &[String]) -> Vec<Scenario> {
+    let mut v = Vec::new();
+    for r in replicas {
+        v.push(Scenario::Tier(Kind::Kill, r.clone()));
+        v.push(Scenario::Tier(Kind::Hang, r.clone()));
+    }
+    v.push(Scenario::Rolling);
+    v
+}
+
+/// The phases of a run: one baseline, then each scenario's phases. `replicas`: tiers that are
+/// one replica of a replicated engine (their faults must be invisible).
 pub fn phases(
     scenarios: &[Scenario],
     tiers: &BTreeMap<String, Vec<String>>,
     proxied: &[String],
+    replicas: &[String],
 ) -> anyhow::Result<Vec<Phase>> {
     let comps = |tier: &str| -> anyhow::Result<Vec<String>> {
         tiers
@@ -201,6 +235,7 @@ pub fn phases(
         writes_whole: true,
         alerts_fire: vec![],
         alerts_resolve: vec![],
+        invisible: false,
     }];
     for s in scenarios {
         match s {
@@ -221,6 +256,7 @@ pub fn phases(
                     writes_whole,
                     alerts_fire: fire.to_vec(),
                     alerts_resolve: resolve.to_vec(),
+                    invisible: false,
                 };
                 let k_name = k.name();
                 out.push(phase(
@@ -277,15 +313,18 @@ pub fn phases(
                     (each(Action::Break, *k, &cs), vec![])
                 };
                 let alerts = tier_alerts(*k, tier);
+                // One replica of three lost: the write path is still whole.
+                let replica = replicas.contains(tier);
                 out.push(Phase {
                     name: format!("{tier}-{}", k.name()),
                     scenario: sc.clone(),
                     actions,
                     flap,
                     single_tier: true,
-                    writes_whole: !WRITE_PATH.contains(&tier.as_str()),
+                    writes_whole: replica || !WRITE_PATH.contains(&tier.as_str()),
                     alerts_fire: alerts.clone(),
                     alerts_resolve: vec![],
+                    invisible: replica,
                 });
                 let restore = if *k == Kind::Flap {
                     vec![]
@@ -301,6 +340,21 @@ pub fn phases(
                     writes_whole: true,
                     alerts_fire: vec![],
                     alerts_resolve: alerts,
+                    invisible: replica,
+                });
+            }
+            Scenario::Rolling => {
+                let cs = comps("rolling")?;
+                out.push(Phase {
+                    name: "rolling-restart".into(),
+                    scenario: "rolling".into(),
+                    actions: each(Action::Break, Kind::Restart, &cs),
+                    flap: vec![],
+                    single_tier: true,
+                    writes_whole: true,
+                    alerts_fire: vec![],
+                    alerts_resolve: vec![],
+                    invisible: true,
                 });
             }
         }
@@ -337,7 +391,7 @@ mod tests {
     #[test]
     fn every_fault_phase_is_followed_by_its_restore() {
         let proxied: Vec<String> = ["primaries", "store"].map(String::from).to_vec();
-        let ph = phases(&matrix(&proxied), &tiers(), &proxied).unwrap();
+        let ph = phases(&matrix(&proxied), &tiers(), &proxied, &[]).unwrap();
         assert_eq!(ph[0].name, "baseline");
         let mut broken: Vec<(Kind, String)> = vec![];
         for p in &ph {
@@ -361,7 +415,8 @@ mod tests {
         assert!(phases(
             &[Scenario::Tier(Kind::Slow, "kafka".into())],
             &tiers(),
-            &proxied
+            &proxied,
+            &[]
         )
         .is_err());
     }
@@ -373,7 +428,7 @@ mod tests {
             t.insert(l.into(), vec![l.into()]);
         }
         let proxied: Vec<String> = vec!["s3".into()];
-        let ph = phases(&netcut(), &t, &proxied).unwrap();
+        let ph = phases(&netcut(), &t, &proxied, &[]).unwrap();
         let names: Vec<_> = ph.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(
             names,
@@ -381,15 +436,15 @@ mod tests {
         );
         assert_eq!(ph[1].actions, [Action::Break(Kind::Cut, "wan".into())]);
         assert!(ph[1].writes_whole, "a WAN cut leaves each side its S3");
-        assert!(phases(&[Scenario::parse("cut:store").unwrap()], &t, &proxied).is_err());
-        assert!(phases(&[Scenario::parse("kill:wan").unwrap()], &t, &proxied).is_err());
-        let site_s3 = phases(&[Scenario::parse("cut:site-s3").unwrap()], &t, &proxied).unwrap();
+        assert!(phases(&[Scenario::parse("cut:store").unwrap()], &t, &proxied, &[]).is_err());
+        assert!(phases(&[Scenario::parse("kill:wan").unwrap()], &t, &proxied, &[]).is_err());
+        let site_s3 = phases(&[Scenario::parse("cut:site-s3").unwrap()], &t, &proxied, &[]).unwrap();
         assert!(!site_s3[1].writes_whole);
     }
 
     #[test]
     fn the_fast_set_kills_and_hangs_every_tier() {
-        let ph = phases(&fast(), &tiers(), &[]).unwrap();
+        let ph = phases(&fast(), &tiers(), &[], &[]).unwrap();
         for tier in TIERS {
             for k in ["kill", "hang"] {
                 assert!(
@@ -398,5 +453,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_replica_fault_keeps_the_write_path_whole_and_must_be_invisible() {
+        let mut t = tiers();
+        t.insert("cassandra-2".into(), vec!["cassandra-2".into()]);
+        t.insert("kafka-1".into(), vec!["kafka-1".into()]);
+        t.insert("rolling".into(), vec!["cassandra-1".into(), "primary-1".into()]);
+        let replicas = ["cassandra-2".to_string(), "kafka-1".to_string()];
+        let ph = phases(&cluster(&replicas), &t, &[], &replicas).unwrap();
+        let by_name = |n: &str| ph.iter().find(|p| p.name == n).unwrap();
+        for n in ["cassandra-2-hang", "cassandra-2-back", "kafka-1-kill", "kafka-1-back"] {
+            assert!(by_name(n).writes_whole && by_name(n).invisible, "{n}");
+        }
+        let rolling = by_name("rolling-restart");
+        assert!(rolling.invisible && rolling.writes_whole);
+        assert_eq!(
+            rolling.actions,
+            vec![
+                Action::Break(Kind::Restart, "cassandra-1".into()),
+                Action::Break(Kind::Restart, "primary-1".into())
+            ]
+        );
+        // The whole store is still a write-path tier, and not invisible.
+        let whole = phases(&[Scenario::parse("hang:store").unwrap()], &t, &[], &replicas).unwrap();
+        assert!(!whole[1].writes_whole && !whole[1].invisible);
+        // Rolling needs its tier.
+        assert!(phases(&[Scenario::Rolling], &tiers(), &[], &[]).is_err());
+        assert_eq!(Scenario::parse("rolling").unwrap(), Scenario::Rolling);
+        assert_eq!(Kind::parse("restart").unwrap(), Kind::Restart);
     }
 }

@@ -1,7 +1,7 @@
 //! Turning the drill's samples into per-phase verdicts, a per-second timeline, a terminal
 //! table, a JSON report and a self-contained HTML page.
 
-use crate::plan::Phase;
+use crate::plan::{Phase, RUNG1_SHARE};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -53,6 +53,11 @@ pub struct Write {
     /// Create answered → S3 has the page and the last-resort host serves it; None: not
     /// within the writer's patience (60 s), or the create failed.
     pub to_rungs_ms: Option<f64>,
+    pub slug: String,
+    /// After the last phase, an acknowledged (201) create read back through the API: found
+    /// with its destination (true) or not (false: an acknowledged write lost). None: not
+    /// acknowledged, or not checked.
+    pub found: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -78,6 +83,10 @@ pub struct PhaseResult {
     pub interrupted: usize,
     pub to_rungs_p99_ms: f64,
     pub to_rungs_max_ms: f64,
+    /// Creates answered something else than 201: (status, slug), 0 = no answer.
+    pub not_created: Vec<(u16, String)>,
+    /// Acknowledged creates the read-back after the drill did not find.
+    pub lost: Vec<String>,
     pub action_error: Option<String>,
     pub action_s: f64,
     pub start_ms: u64,
@@ -214,6 +223,16 @@ pub fn add_writes(phases: &[Phase], results: &mut [PhaseResult], writes: &[Write
         let r = &mut results[i];
         r.creates = w.len();
         r.created = w.iter().filter(|w| w.status == 201).count();
+        r.not_created = w
+            .iter()
+            .filter(|w| w.status != 201)
+            .map(|w| (w.status, w.slug.clone()))
+            .collect();
+        r.lost = w
+            .iter()
+            .filter(|w| w.found == Some(false))
+            .map(|w| w.slug.clone())
+            .collect();
         let (mut lat, mut interrupted) = (Vec::new(), 0);
         for w in w.iter().filter(|w| w.status == 201) {
             let cut = whole_until.is_some_and(|until| {
@@ -258,6 +277,34 @@ pub fn judge(phases: &[Phase], results: &mut [PhaseResult], t: &Targets) {
         }
         if p.single_tier && r.max_ms > t.max_ms {
             m.push(format!("max {:.0} ms > {:.0} ms", r.max_ms, t.max_ms));
+        }
+        if !r.lost.is_empty() {
+            m.push(format!(
+                "{} acknowledged creates not found afterwards: {}",
+                r.lost.len(),
+                r.lost.join(", ")
+            ));
+        }
+        if p.invisible && !r.not_created.is_empty() {
+            let list: Vec<String> = r
+                .not_created
+                .iter()
+                .map(|(st, slug)| format!("{slug} ({st})"))
+                .collect();
+            m.push(format!(
+                "{} of {} creates not answered 201: {}",
+                r.not_created.len(),
+                r.creates,
+                list.join(", ")
+            ));
+        }
+        let rung1 = r.rungs.get("1").copied().unwrap_or(0);
+        if p.invisible && r.requests > 0 && (rung1 as f64) < RUNG1_SHARE * r.requests as f64 {
+            m.push(format!(
+                "rung 1 served {rung1} of {} redirects (< {:.0}%)",
+                r.requests,
+                RUNG1_SHARE * 100.0
+            ));
         }
         if p.writes_whole && r.not_replicated > 0 {
             m.push(format!(
@@ -378,6 +425,9 @@ pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
         "creates_interrupted": r.interrupted,
         "not_replicated": r.not_replicated, "create_to_every_rung_p99_ms": r.to_rungs_p99_ms,
         "create_to_every_rung_max_ms": r.to_rungs_max_ms,
+        "invisible": p.invisible,
+        "creates_not_201": r.not_created.iter().map(|(st, slug)| json!({"slug": slug, "status": st})).collect::<Vec<_>>(),
+        "acknowledged_not_found": r.lost,
         "action_error": r.action_error, "action_s": r.action_s,
         "start_ms": r.start_ms, "end_ms": r.end_ms,
         "alerts": r.alerts, "alerts_expected_to_fire": p.alerts_fire,

@@ -126,7 +126,7 @@ pub(crate) async fn writer(
         }
         let p = phase.load(Ordering::Relaxed);
         let slug = format!("drill-{}-w{n}", &run[..10]);
-        let url = format!("https://example.com/drill/{run}/w/{n}");
+        let url = writer_url(&run, n);
         let status = client
             .post(format!("{base}/api/v1/links"))
             .bearer_auth(&admin_key)
@@ -151,6 +151,8 @@ pub(crate) async fn writer(
                 at_ms,
                 status,
                 to_rungs_ms,
+                slug,
+                found: None,
             }
         });
     }
@@ -159,4 +161,46 @@ pub(crate) async fn writer(
         out.extend(w.ok());
     }
     out
+}
+
+fn writer_url(run: &str, n: u64) -> String {
+    format!("https://example.com/drill/{run}/w/{n}")
+}
+
+/// The history check (as Jepsen's): every create that was acknowledged (201) is read back
+/// through the API once the drill is over and must be there with its destination. A read that
+/// gets no answer is retried for up to 30 s (an answer is needed, not a quick one).
+pub(crate) async fn verify(
+    client: &reqwest::Client,
+    base: &str,
+    admin_key: &str,
+    run: &str,
+    writes: &mut [Write],
+) {
+    for w in writes.iter_mut().filter(|w| w.status == 201) {
+        let n: u64 = w
+            .slug
+            .rsplit_once("-w")
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        let want = writer_url(run, n);
+        let started = Instant::now();
+        let found = loop {
+            let got = client
+                .get(format!("{base}/api/v1/links/{}", w.slug))
+                .bearer_auth(admin_key)
+                .send()
+                .await;
+            match got {
+                Ok(r) if r.status().as_u16() == 200 => {
+                    let v: serde_json::Value = r.json().await.unwrap_or_default();
+                    break v["url"].as_str() == Some(want.as_str());
+                }
+                Ok(r) if r.status().as_u16() == 404 => break false,
+                _ if started.elapsed() > Duration::from_secs(30) => break false,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        w.found = Some(found);
+    }
 }

@@ -345,24 +345,29 @@ pub(crate) async fn create_link(
         }
     };
     tokio::try_join!(outbox, expiry, state.store.links.index(&new))?;
-    if state.store.links.insert_if_absent(&new).await? {
-        state.cache.forget_local(&new.slug).await;
-        state
-            .events
-            .link_changed(link_event(LinkEventKind::Created, &new, now));
-        tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
-        return Ok(Created {
-            link: new,
-            replayed: false,
-        });
-    }
-    // The slug exists: either an earlier attempt of this same idempotent request, or taken.
-    let existing = state
-        .store
-        .links
-        .get_serial(&new.slug)
-        .await?
-        .ok_or_else(|| ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug)))?;
+    let existing = match state.store.links.insert_if_absent(&new).await? {
+        true => None,
+        // The slug exists: taken, an earlier attempt of this same idempotent request, or this
+        // very insert (the store may send it twice, to two nodes, when one is slow to answer:
+        // the copy that lost finds the winner's row, which is exactly `new`).
+        false => Some(state.store.links.get_serial(&new.slug).await?.ok_or_else(|| {
+            ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug))
+        })?),
+    };
+    let existing = match existing {
+        Some(e) if e != new => e,
+        _ => {
+            state.cache.forget_local(&new.slug).await;
+            state
+                .events
+                .link_changed(link_event(LinkEventKind::Created, &new, now));
+            tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
+            return Ok(Created {
+                link: new,
+                replayed: false,
+            });
+        }
+    };
     if idem.is_some() && existing.idem == idem {
         return Ok(Created {
             link: existing,

@@ -34,6 +34,9 @@ pub struct Metrics {
     pub clicks: zlink_clients::clicks::ClickMetrics,
     /// Circuit breakers (store, memcached): state, transitions, calls refused, timeouts.
     pub breakers: zlink_clients::breaker::BreakerMetrics,
+    /// Store nodes the driver knows, by whether it holds a connection to them (set when
+    /// scraped): one node of a ring down or hung shows here while every request still succeeds.
+    pub store_nodes: prometheus::IntGaugeVec,
 }
 
 impl Metrics {
@@ -110,6 +113,14 @@ impl Metrics {
             &["limit"],
         )
         .expect("valid metric");
+        let store_nodes = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "store_nodes",
+                "Store nodes the driver knows, by state: connected or unreachable",
+            ),
+            &["state"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(producer_resets.clone()),
@@ -123,6 +134,7 @@ impl Metrics {
             Box::new(store_errors.clone()),
             Box::new(memcached_errors.clone()),
             Box::new(events.clone()),
+            Box::new(store_nodes.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -151,6 +163,7 @@ impl Metrics {
             outbox_backlog,
             outbox_oldest_age,
             rate_limited,
+            store_nodes,
         }
     }
 

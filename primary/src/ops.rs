@@ -36,5 +36,11 @@ pub(crate) async fn readyz(state: &AppState) -> Resp {
 #[utoipa::path(operation_id = "metrics", get, path = "/metrics", tag = "ops",
     responses((status = 200, content_type = "text/plain", description = "Prometheus text format")))]
 pub(crate) fn metrics(state: &AppState) -> Resp {
+    let (known, connected) = state.store.db.nodes();
+    let nodes = &state.metrics.store_nodes;
+    nodes.with_label_values(&["connected"]).set(connected as i64);
+    nodes
+        .with_label_values(&["unreachable"])
+        .set(known.saturating_sub(connected) as i64);
     zlink_redirect::error::metrics_text(state.metrics.render())
 }

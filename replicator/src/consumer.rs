@@ -221,11 +221,22 @@ impl Pipeline {
         self.consumer().assignment().map(|a| a.count()).unwrap_or(0)
     }
 
-    /// True when the broker answers a metadata request for the links topic.
+    /// True when the cluster answers a metadata request; records what the metadata says of
+    /// its health (brokers, under-replicated and offline partitions) in the metrics.
     pub fn kafka_reachable(&self) -> bool {
-        self.consumer()
-            .fetch_metadata(Some(&self.cfg.links_topic), Duration::from_secs(1))
-            .is_ok()
+        let Ok(md) = self.consumer().fetch_metadata(None, Duration::from_secs(1)) else {
+            return false;
+        };
+        let h = zlink_clients::kafka::ClusterHealth::of(&md);
+        self.metrics.kafka_brokers.set(h.brokers as i64);
+        let parts = &self.metrics.kafka_partitions;
+        parts
+            .with_label_values(&["under_replicated"])
+            .set(h.under_replicated as i64);
+        parts.with_label_values(&["offline"]).set(h.offline as i64);
+        md.topics()
+            .iter()
+            .any(|t| t.name() == self.cfg.links_topic && t.error().is_none())
     }
 
     /// Consumes until `shutdown`, then lets workers stop and commits what was stored. A consumer

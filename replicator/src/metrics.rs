@@ -23,6 +23,12 @@ pub struct Metrics {
     pub dlq_producer_resets: IntCounter,
     /// Change-journal objects written.
     pub journal_objects: IntCounter,
+    /// The Kafka cluster as its metadata shows it (every 2 s): brokers in it, and partitions
+    /// of any topic with fewer in-sync replicas than replicas (under-replicated) or no leader
+    /// (offline). A fenced broker (killed or hung) leaves the broker count and its partitions
+    /// go under-replicated while every produce and fetch still succeeds.
+    pub kafka_brokers: prometheus::IntGauge,
+    pub kafka_partitions: IntGaugeVec,
 }
 
 impl Metrics {
@@ -76,8 +82,22 @@ impl Metrics {
         let journal_objects =
             IntCounter::new("journal_objects_total", "Change-journal objects written")
                 .expect("metric");
+        let kafka_brokers =
+            prometheus::IntGauge::new("kafka_brokers", "Brokers in the Kafka cluster's metadata")
+                .expect("metric");
+        let kafka_partitions = IntGaugeVec::new(
+            Opts::new(
+                "kafka_partitions",
+                "Kafka partitions (every topic) by state: under_replicated (fewer in-sync \
+                 replicas than replicas), offline (no leader)",
+            ),
+            &["state"],
+        )
+        .expect("metric");
         for c in [
-            Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(kafka_brokers.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(kafka_partitions.clone()),
+            Box::new(events.clone()),
             Box::new(s3_failures.clone()),
             Box::new(create_to_s3_seconds.clone()),
             Box::new(step_seconds.clone()),
@@ -98,6 +118,8 @@ impl Metrics {
             consumer_resets,
             dlq_producer_resets,
             journal_objects,
+            kafka_brokers,
+            kafka_partitions,
         }
     }
 

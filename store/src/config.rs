@@ -20,6 +20,18 @@ pub struct StoreConfig {
     /// Per-request timeout for CQL statements, in milliseconds.
     #[arg(long, env = "ZLINK_CQL_TIMEOUT_MS", default_value_t = 2000)]
     pub cql_timeout_ms: u64,
+    /// A statement that may be sent twice (reads, plain writes, the LWTs whose outcome the
+    /// caller verifies) and has no answer after this many milliseconds is also sent to the
+    /// next node of its plan, at most twice: a hung node costs this, not a timeout. 0: never.
+    #[arg(long, env = "ZLINK_CQL_SPECULATIVE_MS", default_value_t = 50)]
+    pub cql_speculative_ms: u64,
+    /// The driver sends a keepalive on every connection this often (ms) and closes one that
+    /// has not answered any for --cql-keepalive-timeout-ms: a hung node's connections are
+    /// dropped and it gets no statements until it answers a new connection.
+    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_MS", default_value_t = 1000)]
+    pub cql_keepalive_ms: u64,
+    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_TIMEOUT_MS", default_value_t = 2000)]
+    pub cql_keepalive_timeout_ms: u64,
 }
 
 impl StoreConfig {
@@ -30,6 +42,17 @@ impl StoreConfig {
         validate_keyspace(&self.keyspace)?;
         if !(10..=60_000).contains(&self.cql_timeout_ms) {
             return Err("--cql-timeout-ms must be between 10 and 60000".into());
+        }
+        if self.cql_speculative_ms >= self.cql_timeout_ms {
+            return Err("--cql-speculative-ms must be below --cql-timeout-ms (0: off)".into());
+        }
+        if !(100..=60_000).contains(&self.cql_keepalive_ms)
+            || !(100..=60_000).contains(&self.cql_keepalive_timeout_ms)
+        {
+            return Err(
+                "--cql-keepalive-ms and --cql-keepalive-timeout-ms must be between 100 and 60000"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -10,12 +10,16 @@ use crate::config::StoreConfig;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::speculative_execution::{
+    SimpleSpeculativeExecutionPolicy, SpeculativeExecutionPolicy,
+};
 use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -69,10 +73,21 @@ pub(crate) async fn connect(
     cfg: &StoreConfig,
     keyspace: Option<&str>,
 ) -> Result<Session, StoreError> {
+    // A hung node (SIGSTOP, a long GC pause, a dead disk) still accepts connections and never
+    // answers: the driver cannot tell it from a slow one. Statements that may be sent twice go
+    // to the next replica after `cql_speculative_ms`, so one hung node of three costs that
+    // much, not a timeout (and the serving tier's breaker never sees it).
+    let speculative = (cfg.cql_speculative_ms > 0).then(|| {
+        Arc::new(SimpleSpeculativeExecutionPolicy {
+            max_retry_count: 2,
+            retry_interval: Duration::from_millis(cfg.cql_speculative_ms),
+        }) as Arc<dyn SpeculativeExecutionPolicy>
+    });
     let profile = ExecutionProfile::builder()
         .consistency(Consistency::LocalQuorum)
         .serial_consistency(Some(SerialConsistency::LocalSerial))
         .request_timeout(Some(cfg.cql_timeout()))
+        .speculative_execution_policy(speculative)
         .build();
     let mut b = SessionBuilder::new()
         .known_nodes(
@@ -82,6 +97,10 @@ pub(crate) async fn connect(
                 .filter(|n| !n.is_empty()),
         )
         .connection_timeout(Duration::from_secs(3))
+        // ...and its connections are closed once keepalives go unanswered, so statements whose
+        // outcome cannot be checked (and new ones) stop going there until it answers again.
+        .keepalive_interval(Duration::from_millis(cfg.cql_keepalive_ms))
+        .keepalive_timeout(Duration::from_millis(cfg.cql_keepalive_timeout_ms))
         .default_execution_profile_handle(profile.into_handle());
     if let Some(ks) = keyspace {
         b = b.use_keyspace(ks, false);
@@ -120,6 +139,16 @@ impl Db {
             read_budget,
         });
         self
+    }
+
+    /// The nodes the driver knows of and how many of them it holds an open connection to. A
+    /// node it cannot connect to (down) or whose connections it closed (hung: keepalives
+    /// unanswered) is known and not connected.
+    pub fn nodes(&self) -> (usize, usize) {
+        let state = self.session.get_cluster_state();
+        let nodes = state.get_nodes_info();
+        let connected = nodes.iter().filter(|n| n.is_connected()).count();
+        (nodes.len(), connected)
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

@@ -22,14 +22,17 @@ impl IdBlocks {
             init: db
                 .prepare(
                     "INSERT INTO id_blocks (name, next_id) VALUES (?, ?) IF NOT EXISTS",
-                    false,
+                    // May be sent twice (speculatively): a second copy finds the first's row
+                    // or value and does not apply; a lease that applied unseen is a gap in the
+                    // IDs, never an ID issued twice.
+                    true,
                     false,
                 )
                 .await?,
             cas: db
                 .prepare(
                     "UPDATE id_blocks SET next_id = ? WHERE name = ? IF next_id = ?",
-                    false,
+                    true,
                     false,
                 )
                 .await?,

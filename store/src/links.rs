@@ -168,7 +168,10 @@ impl Links {
             insert: db
                 .prepare(
                     format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
-                    false,
+                    // May be sent twice (speculatively, see `db`): a copy that lost to the
+                    // other finds this very row; the caller tells it from a taken slug
+                    // (`Link::same_create`).
+                    true,
                     false,
                 )
                 .await?,
@@ -199,7 +202,9 @@ impl Links {
                 .prepare(
                     "INSERT INTO idempotency (owner, idem_key, slug, fingerprint, created_at) \
                      VALUES (?, ?, ?, ?, ?) IF NOT EXISTS",
-                    false,
+                    // A copy that lost to the other reads this claim back as the winner: the
+                    // same slug and fingerprint, so the create goes on as if it had won.
+                    true,
                     false,
                 )
                 .await?,

@@ -20,7 +20,7 @@ fn expected_alerts_must_fire_within_their_phase_and_resolve_by_its_end() {
         .iter()
         .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
         .collect();
-    let ph = phases(&[Scenario::parse("ladder:kill").unwrap()], &tiers, &[]).unwrap();
+    let ph = phases(&[Scenario::parse("ladder:kill").unwrap()], &tiers, &[], &[]).unwrap();
     let names: Vec<&str> = ph.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
         names,
@@ -79,7 +79,7 @@ fn a_phase_misses_on_failed_answers_slow_tails_and_lost_clicks() {
         .iter()
         .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
         .collect();
-    let ph = phases(&[Scenario::parse("hang:store").unwrap()], &tiers, &[]).unwrap();
+    let ph = phases(&[Scenario::parse("hang:store").unwrap()], &tiers, &[], &[]).unwrap();
     let t = Targets {
         added_p99_ms: 300.0,
         max_ms: 1000.0,
@@ -110,6 +110,8 @@ fn a_phase_misses_on_failed_answers_slow_tails_and_lost_clicks() {
         at_ms,
         status,
         to_rungs_ms: ms,
+        slug: format!("w{at_ms}"),
+        found: None,
     };
     // While the store hangs a create may wait for it; once it is back, ε holds again.
     // Creates made just before the store hangs are cut off by it, not held to ε.
@@ -147,4 +149,58 @@ fn a_phase_misses_on_failed_answers_slow_tails_and_lost_clicks() {
     assert_eq!(tl[2][2], 1.0, "the failed answer is in second 2");
     let page = html("drill <x>", &ph, &r, &tl, &[]);
     assert!(page.contains("drill &lt;x&gt;") && page.contains("<svg"));
+}
+
+#[test]
+fn an_invisible_fault_is_held_to_every_create_rung_1_and_every_acknowledged_write() {
+    let mut tiers = BTreeMap::new();
+    tiers.insert("cassandra-2".to_string(), vec!["cassandra-2".to_string()]);
+    let replicas = ["cassandra-2".to_string()];
+    let ph = phases(
+        &[Scenario::parse("hang:cassandra-2").unwrap()],
+        &tiers,
+        &[],
+        &replicas,
+    )
+    .unwrap();
+    let t = Targets {
+        added_p99_ms: 300.0,
+        max_ms: 1000.0,
+        settle_ms: 0,
+        eps_ms: 5000.0,
+    };
+    let mut s = Vec::new();
+    // Phase 1 (the hang): 200 right answers, 3 of them from rung 2 (98.5% on rung 1).
+    for i in 0..200u64 {
+        let mut x = sample(1, Outcome::Right, 1000 + i, 5);
+        x.rung = Some(if i < 3 { 2 } else { 1 });
+        s.push(x);
+    }
+    // Phase 2 (back): all on rung 1.
+    for i in 0..100u64 {
+        let mut x = sample(2, Outcome::Right, 2000 + i, 5);
+        x.rung = Some(1);
+        s.push(x);
+    }
+    let bounds = [(0, 1000), (1000, 2000), (2000, 3000)];
+    let mut r = phase_results(&ph, &s, &bounds, &t);
+    let w = |phase, at_ms, status, found| Write {
+        phase,
+        at_ms,
+        status,
+        to_rungs_ms: (status == 201).then_some(100.0),
+        slug: format!("w{at_ms}"),
+        found,
+    };
+    let writes = [
+        w(1, 1100, 201, Some(true)),
+        w(1, 1200, 503, None),
+        w(2, 2100, 201, Some(false)),
+    ];
+    add_writes(&ph, &mut r, &writes, t.eps_ms);
+    judge(&ph, &mut r, &t);
+    let m1 = r[1].misses.join("; ");
+    assert!(m1.contains("1 of 2 creates not answered 201: w1200 (503)"), "{m1}");
+    assert!(m1.contains("rung 1 served 197 of 200"), "{m1}");
+    assert_eq!(r[2].misses, ["1 acknowledged creates not found afterwards: w2100"]);
 }

@@ -1,0 +1,133 @@
+# shellcheck shell=bash
+# The clustered engines (ZLINK_CLUSTER=1): a 3-node Cassandra ring and a 3-broker KRaft Kafka
+# instead of one node of each, as production runs them. Sourced by lib.sh, never executed.
+#
+# Node N (cassandra-N, kafka-N) listens on its own loopback address 127.0.0.(N+1) with the
+# ports the single node uses (as Cassandra's own ccm does), so the driver's and librdkafka's view
+# of the cluster (peers, advertised listeners) is the addresses they connect to. Keyspaces are
+# created at replication factor 3 (every read and write at LOCAL_QUORUM, LWTs at LOCAL_SERIAL:
+# any one node may be lost); every topic, the internal ones included, at replication factor 3
+# with min.insync.replicas=2 and no unclean leader election (any one broker may be lost).
+# Every client gets the full contact-point and bootstrap lists.
+#
+# No fault proxy sits in front of a node: the driver and librdkafka learn the nodes' own
+# addresses from the cluster and connect there. Faults of one node are kill and hang (SIGSTOP);
+# `restart` (a graceful stop, then a start, as an upgrade does) is the rolling-restart step.
+# Not with ZLINK_NETNS=1 (the last-resort site reaches Kafka through one gateway port).
+#
+# Cost on this 2-core box: `up` takes about 2-3 minutes longer (the ring's nodes join one after
+# another) and the six JVMs hold about 6 GiB (1 GiB heap per Cassandra node, 512 MiB per broker).
+# `up` records the mode in the run dir, so later `ctl` calls need not repeat it.
+
+[[ -z "${ZLINK_CLUSTER:-}" && -f "$ZLINK_RUN/cluster" ]] && ZLINK_CLUSTER=1
+zl_cluster() { [[ "${ZLINK_CLUSTER:-0}" == 1 ]]; }
+ZL_CLUSTER_SIZE=3
+
+# The address of node N of either engine (cassandra-N, kafka-N).
+zl_node_addr() { echo "127.0.0.$((1 + ${1##*-}))"; }
+zl_store_nodes() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "cassandra-$i"; done; }
+zl_brokers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka-$i"; done; }
+# The engines' components in start order: the ring's nodes, then the brokers (or the single nodes).
+zl_engines() {
+  if zl_cluster; then zl_store_nodes; zl_brokers; else echo cassandra kafka; fi
+}
+# What the clients are given: every contact point, every bootstrap broker (comma-separated).
+zl_cql_nodes() {
+  if zl_cluster; then
+    local n out=""
+    for n in $(zl_store_nodes); do out+="$(zl_node_addr "$n"):$(zl_port cql),"; done
+    echo "${out%,}"
+  else
+    zl_addr cassandra
+  fi
+}
+zl_kafka_bootstrap() {
+  if zl_cluster; then
+    local n out=""
+    for n in $(zl_brokers); do out+="$(zl_node_addr "$n"):$(zl_port kafka),"; done
+    echo "${out%,}"
+  else
+    echo "127.0.0.1:$(zl_port kafka)"
+  fi
+}
+# The keyspace's replication factor.
+zl_replication_factor() { if zl_cluster; then echo "$ZL_CLUSTER_SIZE"; else echo 1; fi; }
+
+# ---------------------------------------------------------------- the Cassandra ring
+# One token per node, evenly spaced over Murmur3's range, and no bootstrap streaming: the ring
+# is new and empty (ccm does the same). A node that replaces a lost one joins with
+# -Dcassandra.replace_address_first_boot instead (docs/runbook.md, "Replacing a store node").
+zl_ring_token() {
+  case "${1##*-}" in
+    1) echo -9223372036854775808 ;;
+    2) echo -3074457345618258603 ;;
+    3) echo 3074457345618258602 ;;
+    *) zl_die "zl_ring_token: no token for $1" ;;
+  esac
+}
+zl_start_cassandra_node() {
+  local name="$1"
+  ZLINK_CASSANDRA_HEAP="${ZLINK_CASSANDRA_HEAP:-1g}" zl_spawn_cassandra "$name" "$ZLINK_RUN/$name" \
+    "$(zl_node_addr "$name")" "$(zl_node_addr cassandra-1):$(zl_port cassandra-storage)" true \
+    "initial_token: $(zl_ring_token "$name")
+auto_bootstrap: false"
+}
+# Ready = it serves CQL on its own address (a node opens CQL only once it has joined the ring).
+zl_ready_cassandra_node() { zl_probe cql "$(zl_node_addr "$1")" "$(zl_port cql)"; }
+ZL_TIMEOUT_cassandra_node=300
+
+# ---------------------------------------------------------------- the Kafka brokers
+# Failure detection sized for ε (5 s): a broker that stops heartbeating (killed or hung) is
+# fenced by the controller quorum after 3 s, which moves its partitions' leadership to an
+# in-sync replica and takes it out of every ISR (Kafka's default, 9 s, alone kept new links out
+# of S3 past ε). A follower that falls 5 s behind leaves the ISR.
+zl_kafka_cluster_props() {
+  cat <<EOF
+offsets.topic.replication.factor=$ZL_CLUSTER_SIZE
+transaction.state.log.replication.factor=$ZL_CLUSTER_SIZE
+transaction.state.log.min.isr=2
+share.coordinator.state.topic.replication.factor=$ZL_CLUSTER_SIZE
+share.coordinator.state.topic.min.isr=2
+default.replication.factor=$ZL_CLUSTER_SIZE
+min.insync.replicas=2
+unclean.leader.election.enable=false
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=3000
+replica.lag.time.max.ms=5000
+EOF
+}
+zl_kafka_voters() {
+  local n out=""
+  for n in $(zl_brokers); do out+="${n##*-}@$(zl_node_addr "$n"):$(zl_port kafka-controller),"; done
+  echo "${out%,}"
+}
+zl_start_kafka_node() {
+  local name="$1"
+  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" "${name##*-}" "$(zl_node_addr "$name")" \
+    "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)"
+}
+zl_ready_kafka_node() { zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)"; }
+ZL_TIMEOUT_kafka_node=120
+# The topics at replication factor 3, min.insync.replicas=2 (once every broker is up).
+zl_cluster_topics() {
+  [[ -f "$ZLINK_RUN/kafka-1/topics.ok" ]] && return 0
+  zl_kafka_topics kafka-1 "$(zl_kafka_bootstrap)" "$ZL_CLUSTER_SIZE" --config min.insync.replicas=2 &&
+    touch "$ZLINK_RUN/kafka-1/topics.ok"
+}
+
+# Starts the engines and waits until they serve: the single nodes, or the ring one node at a
+# time (a node joins only once the one before it is up) with the brokers alongside, then the
+# topics.
+zl_up_engines() {
+  if ! zl_cluster; then
+    zl_up cassandra kafka
+    return
+  fi
+  zl_netns && zl_die "ZLINK_CLUSTER=1 does not combine with ZLINK_NETNS=1"
+  local n b
+  for b in $(zl_brokers); do zl_start "$b"; done
+  for n in $(zl_store_nodes); do zl_up "$n" || return 1; done
+  for b in $(zl_brokers); do zl_wait_ready "$b" || return 1; done
+  zl_wait_for "the Kafka topics at replication factor $ZL_CLUSTER_SIZE" 60 zl_cluster_topics ||
+    zl_die "creating the topics failed; see $(zl_logfile kafka-1)"
+}
