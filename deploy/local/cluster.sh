@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # The clustered engines (ZLINK_CLUSTER=1): a 3-node Cassandra ring and a 3-broker KRaft Kafka
-# instead of one node of each, as production runs them. Sourced by lib.sh, never executed.
+# with its own 3-node controller quorum, instead of one node of each, as production runs them. Sourced by lib.sh, never executed.
 #
-# Node N (cassandra-N, kafka-N) listens on its own loopback address 127.0.0.(N+1) with the
-# ports the single node uses (as Cassandra's own ccm does), so the driver's and librdkafka's view
+# Node N (cassandra-N, kafka-N, kafka-controller-N) listens on its own loopback address
+# 127.0.0.(N+1) with the ports the single node uses (as Cassandra's own ccm does), so the driver's and librdkafka's view
 # of the cluster (peers, advertised listeners) is the addresses they connect to. Keyspaces are
 # created at replication factor 3 (every read and write at LOCAL_QUORUM, LWTs at LOCAL_SERIAL:
 # any one node may be lost); every topic, the internal ones included, at replication factor 3
@@ -15,8 +15,9 @@
 # `restart` (a graceful stop, then a start, as an upgrade does) is the rolling-restart step.
 # Not with ZLINK_NETNS=1 (the last-resort site reaches Kafka through one gateway port).
 #
-# Cost on this 2-core box: `up` takes about 2-3 minutes longer (the ring's nodes join one after
-# another) and the six JVMs hold about 6 GiB (1 GiB heap per Cassandra node, 512 MiB per broker).
+# Cost on this 2-core box: `up` takes about 1 minute longer (the ring's nodes join one after
+# another: about 50 s; measured 84-92 s for the whole `up` against about 35 s) and the nine JVMs
+# hold about 6 GiB (1 GiB heap per Cassandra node, 512 MiB per broker, 256 MiB per controller).
 # `up` records the mode in the run dir, so later `ctl` calls need not repeat it.
 
 [[ -z "${ZLINK_CLUSTER:-}" && -f "$ZLINK_RUN/cluster" ]] && ZLINK_CLUSTER=1
@@ -29,7 +30,7 @@ zl_store_nodes() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "c
 zl_brokers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka-$i"; done; }
 # The engines' components in start order: the ring's nodes, then the brokers (or the single nodes).
 zl_engines() {
-  if zl_cluster; then zl_store_nodes; zl_brokers; else echo cassandra kafka; fi
+  if zl_cluster; then zl_store_nodes; zl_kafka_controllers; zl_brokers; else echo cassandra kafka; fi
 }
 # What the clients are given: every contact point, every bootstrap broker (comma-separated).
 zl_cql_nodes() {
@@ -70,17 +71,29 @@ zl_start_cassandra_node() {
   ZLINK_CASSANDRA_HEAP="${ZLINK_CASSANDRA_HEAP:-1g}" zl_spawn_cassandra "$name" "$ZLINK_RUN/$name" \
     "$(zl_node_addr "$name")" "$(zl_node_addr cassandra-1):$(zl_port cassandra-storage)" true \
     "initial_token: $(zl_ring_token "$name")
-auto_bootstrap: false"
+auto_bootstrap: false
+dynamic_snitch: ${ZLINK_DYNAMIC_SNITCH:-false}"
 }
 # Ready = it serves CQL on its own address (a node opens CQL only once it has joined the ring).
 zl_ready_cassandra_node() { zl_probe cql "$(zl_node_addr "$1")" "$(zl_port cql)"; }
 ZL_TIMEOUT_cassandra_node=300
 
-# ---------------------------------------------------------------- the Kafka brokers
-# Failure detection sized for ε (5 s): a broker that stops heartbeating (killed or hung) is
-# fenced by the controller quorum after 3 s, which moves its partitions' leadership to an
-# in-sync replica and takes it out of every ISR (Kafka's default, 9 s, alone kept new links out
-# of S3 past ε). A follower that falls 5 s behind leaves the ISR.
+# ---------------------------------------------------------------- the Kafka cluster
+# Three brokers (kafka-N, node ids 1-3, the data) and, as production KRaft runs them, a quorum of
+# three dedicated controllers (kafka-controller-N, node ids 101-103, on the same addresses, on
+# the controller port: the metadata, who leads what). With combined nodes a hung broker was
+# also, one time in three, the active controller: the others had to notice (1 s), elect a new
+# one (a split vote cost 1.4 s more) and give every broker a fresh session before fencing the
+# hung one — it was fenced 4.7 s after it stopped and links created meanwhile reached S3 5.3 s
+# after their create (ε is 5 s). Dedicated controllers keep a broker's hang a broker's problem.
+#
+# Failure detection sized for ε: a broker that stops heartbeating (killed or hung) is fenced
+# after 2 s, which moves its partitions' leadership to an in-sync replica and takes it out of
+# every ISR (Kafka's default, 9 s, alone kept new links out of S3 past ε). A follower that
+# falls 5 s behind leaves the ISR. A controller that hangs is replaced by an election after 1 s
+# without its fetches (controller.quorum.fetch.timeout.ms, default 2 s); produces and fetches
+# never wait for a controller.
+zl_kafka_controllers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka-controller-$i"; done; }
 zl_kafka_cluster_props() {
   cat <<EOF
 offsets.topic.replication.factor=$ZL_CLUSTER_SIZE
@@ -91,23 +104,33 @@ share.coordinator.state.topic.min.isr=2
 default.replication.factor=$ZL_CLUSTER_SIZE
 min.insync.replicas=2
 unclean.leader.election.enable=false
-broker.heartbeat.interval.ms=500
-broker.session.timeout.ms=3000
+broker.heartbeat.interval.ms=400
+broker.session.timeout.ms=2000
 replica.lag.time.max.ms=5000
+controller.quorum.fetch.timeout.ms=1000
+controller.quorum.election.timeout.ms=500
 EOF
 }
 zl_kafka_voters() {
   local n out=""
-  for n in $(zl_brokers); do out+="${n##*-}@$(zl_node_addr "$n"):$(zl_port kafka-controller),"; done
+  for n in $(zl_kafka_controllers); do out+="$((100 + ${n##*-}))@$(zl_node_addr "$n"):$(zl_port kafka-controller),"; done
   echo "${out%,}"
 }
 zl_start_kafka_node() {
   local name="$1"
-  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" "${name##*-}" "$(zl_node_addr "$name")" \
+  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" broker "${name##*-}" "$(zl_node_addr "$name")" \
     "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)"
 }
 zl_ready_kafka_node() { zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)"; }
 ZL_TIMEOUT_kafka_node=120
+zl_start_kafka_controller() {
+  local name="$1"
+  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" controller "$((100 + ${name##*-}))" "$(zl_node_addr "$name")" \
+    "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)"
+}
+# Ready = its controller port accepts connections (the quorum itself shows in the brokers').
+zl_ready_kafka_controller() { (exec 3<>"/dev/tcp/$(zl_node_addr "$1")/$(zl_port kafka-controller)") 2>/dev/null; }
+ZL_TIMEOUT_kafka_controller=60
 # The topics at replication factor 3, min.insync.replicas=2 (once every broker is up).
 zl_cluster_topics() {
   [[ -f "$ZLINK_RUN/kafka-1/topics.ok" ]] && return 0
@@ -125,9 +148,9 @@ zl_up_engines() {
   fi
   zl_netns && zl_die "ZLINK_CLUSTER=1 does not combine with ZLINK_NETNS=1"
   local n b
-  for b in $(zl_brokers); do zl_start "$b"; done
+  for b in $(zl_kafka_controllers) $(zl_brokers); do zl_start "$b"; done
   for n in $(zl_store_nodes); do zl_up "$n" || return 1; done
-  for b in $(zl_brokers); do zl_wait_ready "$b" || return 1; done
+  for b in $(zl_kafka_controllers) $(zl_brokers); do zl_wait_ready "$b" || return 1; done
   zl_wait_for "the Kafka topics at replication factor $ZL_CLUSTER_SIZE" 60 zl_cluster_topics ||
     zl_die "creating the topics failed; see $(zl_logfile kafka-1)"
 }

@@ -168,7 +168,8 @@ zl_probe() {
 
 # ---------------------------------------------------------------- cassandra
 zl_start_cassandra() {
-  zl_spawn_cassandra cassandra "$ZLINK_RUN/cassandra" 127.0.0.1 "127.0.0.1:$(zl_port cassandra-storage)" false ""
+  zl_spawn_cassandra cassandra "$ZLINK_RUN/cassandra" 127.0.0.1 "127.0.0.1:$(zl_port cassandra-storage)" false \
+    "dynamic_snitch: false"
 }
 # zl_spawn_cassandra NAME DIR ADDR SEEDS HINTS RING: one Cassandra node listening on ADDR
 # (storage and CQL ports the same on every address), RING: the yaml lines only a ring node has.
@@ -209,28 +210,33 @@ zl_kafka_java() {
 }
 zl_start_kafka() {
   # A single combined broker+controller node in KRaft mode, loopback only.
-  zl_spawn_kafka kafka "$ZLINK_RUN/kafka" 1 127.0.0.1 "1@127.0.0.1:$(zl_port kafka-controller)" \
-    "offsets.topic.replication.factor=1
+  zl_spawn_kafka kafka "$ZLINK_RUN/kafka" broker,controller 1 127.0.0.1 \
+    "1@127.0.0.1:$(zl_port kafka-controller)" "offsets.topic.replication.factor=1
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1"
 }
-# zl_spawn_kafka NAME DIR NODE_ID ADDR VOTERS EXTRA: one combined broker+controller KRaft node
-# listening on ADDR (the same ports on every address), in the quorum VOTERS, with the
-# server.properties lines EXTRA (replication of the internal topics, failure detection). Its
-# log dir is formatted with the topology's cluster id before its first start.
+# zl_spawn_kafka NAME DIR ROLES NODE_ID ADDR VOTERS EXTRA: one KRaft node (ROLES: broker,
+# controller or both) listening on ADDR (the broker on the kafka port, the controller on the
+# kafka-controller port: the same ports on every address), in the controller quorum VOTERS,
+# with the server.properties lines EXTRA (replication of the internal topics, failure
+# detection). Its log dir is formatted with the topology's cluster id before its first start.
 zl_spawn_kafka() {
-  local name="$1" dir="$2" id="$3" addr="$4" voters="$5" extra="$6"
+  local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7"
+  local listeners=() heap=512m
+  [[ "$roles" == *broker* ]] && listeners+=("PLAINTEXT://$addr:$(zl_port kafka)")
+  [[ "$roles" == *controller* ]] && listeners+=("CONTROLLER://$addr:$(zl_port kafka-controller)")
+  # A controller-only node holds the cluster's metadata, not its data.
+  [[ "$roles" == controller ]] && heap=256m
   mkdir -p "$dir"
-  cat >"$dir/server.properties" <<EOF
-process.roles=broker,controller
+  {
+    cat <<EOF
+process.roles=$roles
 node.id=$id
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://$addr:$(zl_port kafka),CONTROLLER://$addr:$(zl_port kafka-controller)
-advertised.listeners=PLAINTEXT://$addr:$(zl_port kafka)
+listeners=$(IFS=,; echo "${listeners[*]}")
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
@@ -240,12 +246,17 @@ group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 $extra
 EOF
+    if [[ "$roles" == *broker* ]]; then
+      printf 'advertised.listeners=PLAINTEXT://%s:%s\ninter.broker.listener.name=PLAINTEXT\n' \
+        "$addr" "$(zl_port kafka)"
+    fi
+  } >"$dir/server.properties"
   if [[ ! -f "$dir/data/meta.properties" ]]; then
     zl_kafka_java kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" \
       -c "$dir/server.properties" >>"$(zl_logfile "$name")" 2>&1 ||
       zl_die "formatting the Kafka log dir of $name failed; see $(zl_logfile "$name")"
   fi
-  zl_spawn "$name" java -Xms256m -Xmx512m -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+  zl_spawn "$name" java "-Xms256m" "-Xmx$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
     -Dkafka.logs.dir="$ZLINK_RUN/logs" \
     -cp "$KAFKA_LIB/*" kafka.Kafka "$dir/server.properties"
@@ -804,7 +815,16 @@ zl_fault() {
         kill -HUP "$pid"
         zl_wait_ready "$name"
       else
+        local stopped=$SECONDS
         zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
+        # Behind nginx (primaries, lastresorts) a restarted server is back in rotation only
+        # once nginx's fail_timeout for its failed try has passed: until then the next step
+        # of a rolling restart would take the last server of the pool with it.
+        if [[ "$name" == primary-* || "$name" == lastresort-* ]]; then
+          local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}"
+          if [[ "$ft" == *ms ]]; then ft=$(((${ft%ms} + 999) / 1000)); else ft="${ft%s}"; fi
+          while ((SECONDS - stopped <= ft)); do sleep 0.2; done
+        fi
       fi
       ;;
     heal:restart) zl_pid "$name" >/dev/null || { zl_start "$name" && zl_wait_ready "$name"; } ;;
@@ -866,7 +886,8 @@ zl_kind() {
   case "$1" in
     primary-*) echo primary ;; lastresort-*) echo lastresort ;; memcached-lr) echo memcached_lr ;;
     nginx-exporter-*) echo nginx_exporter ;; nginx-*) echo nginx ;;
-    cassandra-*) echo cassandra_node ;; kafka-*) echo kafka_node ;;
+    cassandra-*) echo cassandra_node ;; kafka-controller-*) echo kafka_controller ;;
+    kafka-*) echo kafka_node ;;
     alert-receiver) echo alert_receiver ;; gw-dc) echo gw_dc ;; gw-site) echo gw_site ;;
     *) echo "$1" ;;
   esac
@@ -881,7 +902,7 @@ zl_known() {
 zl_is_ready() {
   local kind; kind="$(zl_kind "$1")"
   case "$kind" in
-    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node) "zl_ready_$kind" "$1" ;;
+    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node | kafka_controller) "zl_ready_$kind" "$1" ;;
     *) "zl_ready_$kind" ;;
   esac
 }
@@ -893,7 +914,7 @@ zl_start() {
   if zl_pid "$name" >/dev/null; then return 0; fi
   mkdir -p "$ZLINK_RUN/pids" "$ZLINK_RUN/logs"
   case "$kind" in
-    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node) "zl_start_$kind" "$name" ;;
+    primary | lastresort | nginx | nginx_exporter | cassandra_node | kafka_node | kafka_controller) "zl_start_$kind" "$name" ;;
     *) "zl_start_$kind" ;;
   esac
 }

@@ -58,6 +58,30 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
                 .map_err(unavailable)?;
         }
     }
+    // Tables created before the schema set speculative_retry get it (once: then it matches).
+    let res = session
+        .query_unpaged(
+            "SELECT table_name, speculative_retry FROM system_schema.tables \
+             WHERE keyspace_name = ?",
+            (&cfg.keyspace,),
+        )
+        .await
+        .map_err(unavailable)?;
+    for (table, retry) in all::<(String, Option<String>)>(res)? {
+        let ours = table
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if ours && !is_speculative_retry(retry.as_deref().unwrap_or("")) {
+            tracing::info!(table, ?retry, "setting speculative_retry = '{SPECULATIVE_RETRY}'");
+            session
+                .query_unpaged(
+                    format!("ALTER TABLE {table} WITH speculative_retry = '{SPECULATIVE_RETRY}'"),
+                    &[],
+                )
+                .await
+                .map_err(unavailable)?;
+        }
+    }
     session
         .await_schema_agreement()
         .await
@@ -187,6 +211,19 @@ async fn index_existing_links(session: Arc<Session>) -> Result<u64, StoreError> 
 }
 
 /// The statements of deploy/cql/schema.cql, comments removed.
+/// Every table's speculative_retry (deploy/cql/schema.cql says why).
+const SPECULATIVE_RETRY: &str = "30ms";
+
+/// Whether a table's speculative_retry as the store shows it is [`SPECULATIVE_RETRY`]
+/// (Cassandra shows `30ms`, ScyllaDB `30.00ms`).
+fn is_speculative_retry(shown: &str) -> bool {
+    let s = shown.trim().to_ascii_lowercase();
+    let want: f64 = SPECULATIVE_RETRY.trim_end_matches("ms").parse().unwrap_or(0.0);
+    s.strip_suffix("ms")
+        .and_then(|n| n.parse::<f64>().ok())
+        .is_some_and(|n| (n - want).abs() < 1e-9)
+}
+
 fn schema_statements() -> Vec<String> {
     let without_comments: String = SCHEMA
         .lines()
@@ -202,6 +239,28 @@ fn schema_statements() -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn speculative_retry_is_recognised_as_either_store_shows_it() {
+        for ok in ["30ms", "30.00ms", " 30MS "] {
+            assert!(super::is_speculative_retry(ok), "{ok}");
+        }
+        for no in ["99p", "99PERCENTILE", "3ms", "300ms", "", "ms", "ALWAYS"] {
+            assert!(!super::is_speculative_retry(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn every_table_is_created_with_the_speculative_retry() {
+        for stmt in super::schema_statements() {
+            if stmt.starts_with("CREATE TABLE") {
+                assert!(
+                    stmt.contains("speculative_retry = '30ms'"),
+                    "{}",
+                    stmt.lines().next().unwrap_or("")
+                );
+            }
+        }
+    }
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
