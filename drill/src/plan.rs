@@ -438,7 +438,13 @@ mod tests {
         assert!(ph[1].writes_whole, "a WAN cut leaves each side its S3");
         assert!(phases(&[Scenario::parse("cut:store").unwrap()], &t, &proxied, &[]).is_err());
         assert!(phases(&[Scenario::parse("kill:wan").unwrap()], &t, &proxied, &[]).is_err());
-        let site_s3 = phases(&[Scenario::parse("cut:site-s3").unwrap()], &t, &proxied, &[]).unwrap();
+        let site_s3 = phases(
+            &[Scenario::parse("cut:site-s3").unwrap()],
+            &t,
+            &proxied,
+            &[],
+        )
+        .unwrap();
         assert!(!site_s3[1].writes_whole);
     }
 
@@ -460,11 +466,19 @@ mod tests {
         let mut t = tiers();
         t.insert("cassandra-2".into(), vec!["cassandra-2".into()]);
         t.insert("kafka-1".into(), vec!["kafka-1".into()]);
-        t.insert("rolling".into(), vec!["cassandra-1".into(), "primary-1".into()]);
+        t.insert(
+            "rolling".into(),
+            vec!["cassandra-1".into(), "primary-1".into()],
+        );
         let replicas = ["cassandra-2".to_string(), "kafka-1".to_string()];
         let ph = phases(&cluster(&replicas), &t, &[], &replicas).unwrap();
         let by_name = |n: &str| ph.iter().find(|p| p.name == n).unwrap();
-        for n in ["cassandra-2-hang", "cassandra-2-back", "kafka-1-kill", "kafka-1-back"] {
+        for n in [
+            "cassandra-2-hang",
+            "cassandra-2-back",
+            "kafka-1-kill",
+            "kafka-1-back",
+        ] {
             assert!(by_name(n).writes_whole && by_name(n).invisible, "{n}");
         }
         let rolling = by_name("rolling-restart");
@@ -477,7 +491,13 @@ mod tests {
             ]
         );
         // The whole store is still a write-path tier, and not invisible.
-        let whole = phases(&[Scenario::parse("hang:store").unwrap()], &t, &[], &replicas).unwrap();
+        let whole = phases(
+            &[Scenario::parse("hang:store").unwrap()],
+            &t,
+            &[],
+            &replicas,
+        )
+        .unwrap();
         assert!(!whole[1].writes_whole && !whole[1].invisible);
         // Rolling needs its tier.
         assert!(phases(&[Scenario::Rolling], &tiers(), &[], &[]).is_err());

@@ -350,9 +350,16 @@ pub(crate) async fn create_link(
         // The slug exists: taken, an earlier attempt of this same idempotent request, or this
         // very insert (the store may send it twice, to two nodes, when one is slow to answer:
         // the copy that lost finds the winner's row, which is exactly `new`).
-        false => Some(state.store.links.get_serial(&new.slug).await?.ok_or_else(|| {
-            ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug))
-        })?),
+        false => Some(
+            state
+                .store
+                .links
+                .get_serial(&new.slug)
+                .await?
+                .ok_or_else(|| {
+                    ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug))
+                })?,
+        ),
     };
     let existing = match existing {
         Some(e) if e != new => e,

@@ -38,7 +38,9 @@ pub(crate) async fn readyz(state: &AppState) -> Resp {
 pub(crate) fn metrics(state: &AppState) -> Resp {
     let (known, connected) = state.store.db.nodes();
     let nodes = &state.metrics.store_nodes;
-    nodes.with_label_values(&["connected"]).set(connected as i64);
+    nodes
+        .with_label_values(&["connected"])
+        .set(connected as i64);
     nodes
         .with_label_values(&["unreachable"])
         .set(known.saturating_sub(connected) as i64);

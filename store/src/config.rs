@@ -26,11 +26,14 @@ pub struct StoreConfig {
     #[arg(long, env = "ZLINK_CQL_SPECULATIVE_MS", default_value_t = 50)]
     pub cql_speculative_ms: u64,
     /// The driver sends a keepalive on every connection this often (ms) and closes one that
-    /// has not answered any for --cql-keepalive-timeout-ms: a hung node's connections are
-    /// dropped and it gets no statements until it answers a new connection.
-    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_MS", default_value_t = 1000)]
+    /// has not answered any for --cql-keepalive-timeout-ms: a node hung for longer has its
+    /// connections dropped and gets no statements until it answers a new connection. Not
+    /// shorter: a node that thaws sooner keeps its connections (the driver takes seconds to
+    /// tens of seconds to reconnect to one it dropped), and meanwhile statements that may be
+    /// sent twice go around it after --cql-speculative-ms.
+    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_MS", default_value_t = 2000)]
     pub cql_keepalive_ms: u64,
-    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_TIMEOUT_MS", default_value_t = 2000)]
+    #[arg(long, env = "ZLINK_CQL_KEEPALIVE_TIMEOUT_MS", default_value_t = 10000)]
     pub cql_keepalive_timeout_ms: u64,
 }
 

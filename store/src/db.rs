@@ -10,10 +10,10 @@ use crate::config::StoreConfig;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
+use scylla::deserialize::row::DeserializeRow;
 use scylla::policies::speculative_execution::{
     SimpleSpeculativeExecutionPolicy, SpeculativeExecutionPolicy,
 };
-use scylla::deserialize::row::DeserializeRow;
 use scylla::response::query_result::QueryResult;
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::prepared::PreparedStatement;

@@ -72,7 +72,11 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
         if ours && !is_speculative_retry(retry.as_deref().unwrap_or("")) {
-            tracing::info!(table, ?retry, "setting speculative_retry = '{SPECULATIVE_RETRY}'");
+            tracing::info!(
+                table,
+                ?retry,
+                "setting speculative_retry = '{SPECULATIVE_RETRY}'"
+            );
             session
                 .query_unpaged(
                     format!("ALTER TABLE {table} WITH speculative_retry = '{SPECULATIVE_RETRY}'"),
@@ -218,7 +222,10 @@ const SPECULATIVE_RETRY: &str = "30ms";
 /// (Cassandra shows `30ms`, ScyllaDB `30.00ms`).
 fn is_speculative_retry(shown: &str) -> bool {
     let s = shown.trim().to_ascii_lowercase();
-    let want: f64 = SPECULATIVE_RETRY.trim_end_matches("ms").parse().unwrap_or(0.0);
+    let want: f64 = SPECULATIVE_RETRY
+        .trim_end_matches("ms")
+        .parse()
+        .unwrap_or(0.0);
     s.strip_suffix("ms")
         .and_then(|n| n.parse::<f64>().ok())
         .is_some_and(|n| (n - want).abs() < 1e-9)

@@ -38,8 +38,8 @@ impl Infra {
             keyspace: keyspace.to_string(),
             cql_timeout_ms: 5000,
             cql_speculative_ms: 50,
-            cql_keepalive_ms: 1000,
-            cql_keepalive_timeout_ms: 2000,
+            cql_keepalive_ms: 2000,
+            cql_keepalive_timeout_ms: 10000,
         }
     }
 }

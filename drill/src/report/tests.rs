@@ -200,7 +200,13 @@ fn an_invisible_fault_is_held_to_every_create_rung_1_and_every_acknowledged_writ
     add_writes(&ph, &mut r, &writes, t.eps_ms);
     judge(&ph, &mut r, &t);
     let m1 = r[1].misses.join("; ");
-    assert!(m1.contains("1 of 2 creates not answered 201: w1200 (503)"), "{m1}");
+    assert!(
+        m1.contains("1 of 2 creates not answered 201: w1200 (503)"),
+        "{m1}"
+    );
     assert!(m1.contains("rung 1 served 197 of 200"), "{m1}");
-    assert_eq!(r[2].misses, ["1 acknowledged creates not found afterwards: w2100"]);
+    assert_eq!(
+        r[2].misses,
+        ["1 acknowledged creates not found afterwards: w2100"]
+    );
 }
