@@ -844,3 +844,46 @@ async fn unknown_slugs_get_404_json() {
     assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
     p.stop().await;
 }
+
+/// The store may send a create's slug claim twice (speculative execution, when a node is slow
+/// to answer); the copy that loses must find exactly the link it was writing, which the create
+/// then takes as its own (`api::create`). So every field must come back from the store as it
+/// was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let p = spawn_primary(&infra, &ks, &[], None).await;
+    let links = &p.state.store.links;
+    let link = zlink_store::Link {
+        slug: "brand.example/twice".into(),
+        url: "https://example.com/twice?a=1&b=<2>".into(),
+        owner: "alice".into(),
+        status: zlink_wire::LinkStatus::Active,
+        redirect_code: 307,
+        created_at_ms: 1_795_000_000_123,
+        expires_at_ms: Some(1_895_000_000_456),
+        version: 1,
+        idem: Some("c0ffee".into()),
+        disabled_by: None,
+        alias: Some("twice, again".into()),
+    };
+    assert!(links.insert_if_absent(&link).await.unwrap(), "the first copy applies");
+    assert!(
+        !links.insert_if_absent(&link).await.unwrap(),
+        "the second copy does not"
+    );
+    assert_eq!(
+        links.get_serial(&link.slug).await.unwrap().as_ref(),
+        Some(&link),
+        "and finds the very link it was writing"
+    );
+    // A different link under the same slug is not taken for it.
+    let other = zlink_store::Link {
+        url: "https://example.com/other".into(),
+        ..link.clone()
+    };
+    assert!(!links.insert_if_absent(&other).await.unwrap());
+    assert_ne!(links.get_serial(&link.slug).await.unwrap().as_ref(), Some(&other));
+    p.stop().await;
+}
