@@ -190,7 +190,7 @@ zl_spawn_cassandra() {
   zl_spawn "$name" java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
     -Dcassandra.config="file://$dir/cassandra.yaml" \
     -Dcassandra.storagedir="$dir" \
-    -Dcassandra.logdir="$ZLINK_RUN/logs/$name" \
+    -Dcassandra.logdir="$ZLINK_RUN/logs" \
     -Dlogback.configurationFile="$ZLINK_ROOT/deploy/local/conf/cassandra-logback.xml" \
     -Dcassandra-foreground=yes \
     -Dcassandra.skip_wait_for_gossip_to_settle=0 \

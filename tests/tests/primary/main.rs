@@ -868,7 +868,10 @@ async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
         disabled_by: None,
         alias: Some("twice, again".into()),
     };
-    assert!(links.insert_if_absent(&link).await.unwrap(), "the first copy applies");
+    assert!(
+        links.insert_if_absent(&link).await.unwrap(),
+        "the first copy applies"
+    );
     assert!(
         !links.insert_if_absent(&link).await.unwrap(),
         "the second copy does not"
@@ -884,6 +887,9 @@ async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
         ..link.clone()
     };
     assert!(!links.insert_if_absent(&other).await.unwrap());
-    assert_ne!(links.get_serial(&link.slug).await.unwrap().as_ref(), Some(&other));
+    assert_ne!(
+        links.get_serial(&link.slug).await.unwrap().as_ref(),
+        Some(&other)
+    );
     p.stop().await;
 }
