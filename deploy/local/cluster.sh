@@ -15,9 +15,9 @@
 # `restart` (a graceful stop, then a start, as an upgrade does) is the rolling-restart step.
 # Not with ZLINK_NETNS=1 (the last-resort site reaches Kafka through one gateway port).
 #
-# Cost on this 2-core box: `up` takes about 1 minute longer (the ring's nodes join one after
-# another: about 50 s; measured 84-92 s for the whole `up` against about 35 s) and the nine JVMs
-# hold about 6 GiB (1 GiB heap per Cassandra node, 512 MiB per broker, 256 MiB per controller).
+# Cost on this 2-core box: `up` from an empty run dir took 84-93 s (the ring's nodes join one
+# after another: 47-53 s; the schema at replication factor 3: 20-23 s) and the nine JVMs hold
+# about 6 GiB (1 GiB heap per Cassandra node, 512 MiB per broker, 256 MiB per controller).
 # `up` records the mode in the run dir, so later `ctl` calls need not repeat it.
 
 [[ -z "${ZLINK_CLUSTER:-}" && -f "$ZLINK_RUN/cluster" ]] && ZLINK_CLUSTER=1
