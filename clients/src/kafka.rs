@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 /// refreshed every 5 minutes: measured on a 3-broker cluster, links created while one broker
 /// hung reached S3 after 13 s (p50) to 31 s (p99). Here a request waits at most 2 s (then the
 /// connection is dropped and metadata refreshed) and metadata is refreshed every 500 ms, so a
-/// producer and a consumer follow a new leader within half a second of its election (a
-/// metadata request to 3 brokers twice a second per client costs nothing measurable).
+/// producer and a consumer follow a new leader within half a second of its election (the
+/// price: one small metadata request per client twice a second).
 pub fn reconnect_fast(c: &mut ClientConfig) -> &mut ClientConfig {
     c.set("reconnect.backoff.ms", "50")
         .set("reconnect.backoff.max.ms", "1000")

@@ -1,10 +1,12 @@
 # shellcheck shell=bash
 # The clustered engines (ZLINK_CLUSTER=1): a 3-node Cassandra ring and a 3-broker KRaft Kafka
-# with its own 3-node controller quorum, instead of one node of each, as production runs them. Sourced by lib.sh, never executed.
+# with its own 3-node controller quorum, instead of one node of each, as production runs them.
+# Sourced by lib.sh, never executed.
 #
 # Node N (cassandra-N, kafka-N, kafka-controller-N) listens on its own loopback address
-# 127.0.0.(N+1) with the ports the single node uses (as Cassandra's own ccm does), so the driver's and librdkafka's view
-# of the cluster (peers, advertised listeners) is the addresses they connect to. Keyspaces are
+# 127.0.0.(N+1) with the ports the single node uses (as Cassandra's own ccm does), so the
+# driver's and librdkafka's view of the cluster (peers, advertised listeners) is the addresses
+# they connect to. Keyspaces are
 # created at replication factor 3 (every read and write at LOCAL_QUORUM, LWTs at LOCAL_SERIAL:
 # any one node may be lost); every topic, the internal ones included, at replication factor 3
 # with min.insync.replicas=2 and no unclean leader election (any one broker may be lost).
@@ -24,32 +26,28 @@
 zl_cluster() { [[ "${ZLINK_CLUSTER:-0}" == 1 ]]; }
 ZL_CLUSTER_SIZE=3
 
-# The address of node N of either engine (cassandra-N, kafka-N).
+# The address of node N of either engine (cassandra-N, kafka-controller-N, kafka-N).
 zl_node_addr() { echo "127.0.0.$((1 + ${1##*-}))"; }
 zl_store_nodes() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "cassandra-$i"; done; }
 zl_brokers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka-$i"; done; }
-# The engines' components in start order: the ring's nodes, then the brokers (or the single nodes).
+# The engines' components in start order: the ring's nodes, the controllers, the brokers (or
+# the single nodes).
 zl_engines() {
   if zl_cluster; then zl_store_nodes; zl_kafka_controllers; zl_brokers; else echo cassandra kafka; fi
 }
+# zl_node_endpoints PORT NAME...: ADDR:PORT of each node, comma-separated.
+zl_node_endpoints() {
+  local port n out=""
+  port="$(zl_port "$1")"; shift
+  for n in "$@"; do out+="$(zl_node_addr "$n"):$port,"; done
+  echo "${out%,}"
+}
 # What the clients are given: every contact point, every bootstrap broker (comma-separated).
 zl_cql_nodes() {
-  if zl_cluster; then
-    local n out=""
-    for n in $(zl_store_nodes); do out+="$(zl_node_addr "$n"):$(zl_port cql),"; done
-    echo "${out%,}"
-  else
-    zl_addr cassandra
-  fi
+  if zl_cluster; then zl_node_endpoints cql $(zl_store_nodes); else zl_addr cassandra; fi
 }
 zl_kafka_bootstrap() {
-  if zl_cluster; then
-    local n out=""
-    for n in $(zl_brokers); do out+="$(zl_node_addr "$n"):$(zl_port kafka),"; done
-    echo "${out%,}"
-  else
-    echo "127.0.0.1:$(zl_port kafka)"
-  fi
+  if zl_cluster; then zl_node_endpoints kafka $(zl_brokers); else echo "127.0.0.1:$(zl_port kafka)"; fi
 }
 # The keyspace's replication factor.
 zl_replication_factor() { if zl_cluster; then echo "$ZL_CLUSTER_SIZE"; else echo 1; fi; }
@@ -111,9 +109,13 @@ controller.quorum.fetch.timeout.ms=1000
 controller.quorum.election.timeout.ms=500
 EOF
 }
+# A controller's node id: 100 + N (brokers are 1..N).
+zl_kafka_controller_id() { echo "$((100 + ${1##*-}))"; }
 zl_kafka_voters() {
   local n out=""
-  for n in $(zl_kafka_controllers); do out+="$((100 + ${n##*-}))@$(zl_node_addr "$n"):$(zl_port kafka-controller),"; done
+  for n in $(zl_kafka_controllers); do
+    out+="$(zl_kafka_controller_id "$n")@$(zl_node_endpoints kafka-controller "$n"),"
+  done
   echo "${out%,}"
 }
 zl_start_kafka_node() {
@@ -125,7 +127,7 @@ zl_ready_kafka_node() { zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)"
 ZL_TIMEOUT_kafka_node=120
 zl_start_kafka_controller() {
   local name="$1"
-  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" controller "$((100 + ${name##*-}))" "$(zl_node_addr "$name")" \
+  zl_spawn_kafka "$name" "$ZLINK_RUN/$name" controller "$(zl_kafka_controller_id "$name")" "$(zl_node_addr "$name")" \
     "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)"
 }
 # Ready = its controller port accepts connections (the quorum itself shows in the brokers').

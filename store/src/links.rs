@@ -169,8 +169,8 @@ impl Links {
                 .prepare(
                     format!("INSERT INTO links ({LINK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"),
                     // May be sent twice (speculatively, see `db`): a copy that lost to the
-                    // other finds this very row; the caller tells it from a taken slug
-                    // (`Link::same_create`).
+                    // other finds this very row; the caller tells it from a taken slug by
+                    // comparing that row with the link it wrote (`api::create`).
                     true,
                     false,
                 )
