@@ -26,6 +26,7 @@ pub mod ops;
 pub mod process;
 pub mod s3;
 pub mod spool;
+pub mod steer;
 pub mod trace;
 
 use std::fmt;

@@ -12,9 +12,16 @@
 # with min.insync.replicas=2 and no unclean leader election (any one broker may be lost).
 # Every client gets the full contact-point and bootstrap lists.
 #
-# No fault proxy sits in front of a node: the driver and librdkafka learn the nodes' own
-# addresses from the cluster and connect there. Faults of one node are kill and hang (SIGSTOP);
+# The clients' way to a node goes through a fault proxy of its own (Toxiproxy, as every other
+# slowed or blackholed hop): node N also has a client address 127.0.1.(N+1), where its proxy
+# (named cassandra-N, kafka-N) listens and forwards to the node; the node advertises that
+# address to clients (Cassandra's broadcast_rpc_address, the brokers' client listener), so
+# the driver and librdkafka, which learn the cluster's members from the cluster, reach every
+# member through its proxy. The nodes' own traffic (gossip, replication, the controllers)
+# stays direct. So a node's faults are kill and hang (SIGSTOP) of the process, and slow and
+# blackhole of the node as its clients see it (a gray failure: the cluster finds it healthy);
 # `restart` (a graceful stop, then a start, as an upgrade does) is the rolling-restart step.
+# ZLINK_FAULT_PROXIES=0: clients connect to the nodes' own addresses.
 # Not with ZLINK_NETNS=1 (the last-resort site reaches Kafka through one gateway port).
 #
 # Cost on this 2-core box: `up` from an empty run dir took 84-93 s (the ring's nodes join one
@@ -28,6 +35,10 @@ ZL_CLUSTER_SIZE=3
 
 # The address of node N of either engine (cassandra-N, kafka-controller-N, kafka-N).
 zl_node_addr() { echo "127.0.0.$((1 + ${1##*-}))"; }
+# Where clients reach a store node or a broker: its fault proxy's address, or the node's own.
+zl_node_client_addr() {
+  if zl_fault_proxies; then echo "127.0.1.$((1 + ${1##*-}))"; else zl_node_addr "$1"; fi
+}
 zl_store_nodes() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "cassandra-$i"; done; }
 zl_brokers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka-$i"; done; }
 # The engines' components in start order: the ring's nodes, the controllers, the brokers (or
@@ -35,19 +46,31 @@ zl_brokers() { local i; for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do echo "kafka
 zl_engines() {
   if zl_cluster; then zl_store_nodes; zl_kafka_controllers; zl_brokers; else echo cassandra kafka; fi
 }
-# zl_node_endpoints PORT NAME...: ADDR:PORT of each node, comma-separated.
+# zl_node_endpoints ADDR_FN PORT NAME...: ADDR:PORT of each node, comma-separated, ADDR the
+# node's own (zl_node_addr) or its clients' (zl_node_client_addr).
 zl_node_endpoints() {
-  local port n out=""
-  port="$(zl_port "$1")"; shift
-  for n in "$@"; do out+="$(zl_node_addr "$n"):$port,"; done
+  local addr_fn="$1" port n out=""
+  port="$(zl_port "$2")"; shift 2
+  for n in "$@"; do out+="$("$addr_fn" "$n"):$port,"; done
   echo "${out%,}"
 }
 # What the clients are given: every contact point, every bootstrap broker (comma-separated).
 zl_cql_nodes() {
-  if zl_cluster; then zl_node_endpoints cql $(zl_store_nodes); else zl_addr cassandra; fi
+  if zl_cluster; then zl_node_endpoints zl_node_client_addr cql $(zl_store_nodes); else zl_addr cassandra; fi
 }
 zl_kafka_bootstrap() {
-  if zl_cluster; then zl_node_endpoints kafka $(zl_brokers); else echo "127.0.0.1:$(zl_port kafka)"; fi
+  if zl_cluster; then zl_node_endpoints zl_node_client_addr kafka $(zl_brokers); else echo "127.0.0.1:$(zl_port kafka)"; fi
+}
+# A ring node or a broker (those with a fault proxy in cluster mode).
+zl_cluster_proxied() { zl_cluster && [[ "$1" =~ ^(cassandra|kafka)-[0-9]+$ ]]; }
+# The fault proxies of the ring's nodes and the brokers, as zl_start_toxiproxy's lines.
+zl_cluster_proxies() {
+  local n port
+  for n in $(zl_store_nodes) $(zl_brokers); do
+    port=cql; [[ "$n" == kafka-* ]] && port=kafka
+    printf '{"name": "%s", "listen": "%s:%s", "upstream": "%s:%s", "enabled": true}\n' \
+      "$n" "$(zl_node_client_addr "$n")" "$(zl_port "$port")" "$(zl_node_addr "$n")" "$(zl_port "$port")"
+  done
 }
 # The keyspace's replication factor.
 zl_replication_factor() { if zl_cluster; then echo "$ZL_CLUSTER_SIZE"; else echo 1; fi; }
@@ -70,7 +93,8 @@ zl_start_cassandra_node() {
     "$(zl_node_addr "$name")" "$(zl_node_addr cassandra-1):$(zl_port cassandra-storage)" true \
     "initial_token: $(zl_ring_token "$name")
 auto_bootstrap: false
-dynamic_snitch: ${ZLINK_DYNAMIC_SNITCH:-false}"
+dynamic_snitch: ${ZLINK_DYNAMIC_SNITCH:-false}
+broadcast_rpc_address: $(zl_node_client_addr "$name")"
 }
 # Ready = it serves CQL on its own address (a node opens CQL only once it has joined the ring).
 zl_ready_cassandra_node() { zl_probe cql "$(zl_node_addr "$1")" "$(zl_port cql)"; }
@@ -114,14 +138,14 @@ zl_kafka_controller_id() { echo "$((100 + ${1##*-}))"; }
 zl_kafka_voters() {
   local n out=""
   for n in $(zl_kafka_controllers); do
-    out+="$(zl_kafka_controller_id "$n")@$(zl_node_endpoints kafka-controller "$n"),"
+    out+="$(zl_kafka_controller_id "$n")@$(zl_node_endpoints zl_node_addr kafka-controller "$n"),"
   done
   echo "${out%,}"
 }
 zl_start_kafka_node() {
   local name="$1"
   zl_spawn_kafka "$name" "$ZLINK_RUN/$name" broker "${name##*-}" "$(zl_node_addr "$name")" \
-    "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)"
+    "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)" "$(zl_node_client_addr "$name")"
 }
 zl_ready_kafka_node() { zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)"; }
 ZL_TIMEOUT_kafka_node=120

@@ -71,6 +71,7 @@ zl_port() {
     cassandra-storage) off=70 ;;
     kafka) off=92 ;;
     kafka-controller) off=93 ;;
+    kafka-internal) off=94 ;;
     s3) off=33 ;;
     weed-master) off=133 ;;
     weed-volume) off=134 ;;
@@ -217,15 +218,26 @@ transaction.state.log.min.isr=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1"
 }
-# zl_spawn_kafka NAME DIR ROLES NODE_ID ADDR VOTERS EXTRA: one KRaft node (ROLES: broker,
-# controller or both) listening on ADDR (the broker on the kafka port, the controller on the
-# kafka-controller port: the same ports on every address), in the controller quorum VOTERS,
-# with the server.properties lines EXTRA (replication of the internal topics, failure
-# detection). Its log dir is formatted with the topology's cluster id before its first start.
+# zl_spawn_kafka NAME DIR ROLES NODE_ID ADDR VOTERS EXTRA [CLIENT_ADDR]: one KRaft node
+# (ROLES: broker, controller or both) listening on ADDR (the broker on the kafka port, the
+# controller on the kafka-controller port: the same ports on every address), in the controller
+# quorum VOTERS, with the server.properties lines EXTRA (replication of the internal topics,
+# failure detection). A broker with a CLIENT_ADDR other than ADDR (its fault proxy's) tells
+# clients to come there, and the brokers replicate among themselves on a listener of their own
+# (INTERNAL, the kafka-internal port), directly. Its log dir is formatted with the topology's
+# cluster id before its first start.
 zl_spawn_kafka() {
-  local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7"
-  local listeners=() heap=512m
-  [[ "$roles" == *broker* ]] && listeners+=("PLAINTEXT://$addr:$(zl_port kafka)")
+  local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7" client="${8:-$5}"
+  local listeners=() advertised=() heap=512m internal=PLAINTEXT
+  if [[ "$roles" == *broker* ]]; then
+    listeners+=("PLAINTEXT://$addr:$(zl_port kafka)")
+    advertised+=("PLAINTEXT://$client:$(zl_port kafka)")
+    if [[ "$client" != "$addr" ]]; then
+      internal=INTERNAL
+      listeners+=("INTERNAL://$addr:$(zl_port kafka-internal)")
+      advertised+=("INTERNAL://$addr:$(zl_port kafka-internal)")
+    fi
+  fi
   [[ "$roles" == *controller* ]] && listeners+=("CONTROLLER://$addr:$(zl_port kafka-controller)")
   # A controller-only node holds the cluster's metadata, not its data.
   [[ "$roles" == controller ]] && heap=256m
@@ -237,7 +249,7 @@ node.id=$id
 controller.quorum.voters=$voters
 listeners=$(IFS=,; echo "${listeners[*]}")
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=false
@@ -247,8 +259,8 @@ log.retention.hours=168
 $extra
 EOF
     if [[ "$roles" == *broker* ]]; then
-      printf 'advertised.listeners=PLAINTEXT://%s:%s\ninter.broker.listener.name=PLAINTEXT\n' \
-        "$addr" "$(zl_port kafka)"
+      printf 'advertised.listeners=%s\ninter.broker.listener.name=%s\n' \
+        "$(IFS=,; echo "${advertised[*]}")" "$internal"
     fi
   } >"$dir/server.properties"
   if [[ ! -f "$dir/data/meta.properties" ]]; then
@@ -647,7 +659,7 @@ zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
 # Components with a fault proxy in front, and the port name each is reached on.
 zl_proxied_port() {
   case "$1" in
-    # (A ring node has none: the driver connects to the addresses the ring gives it.)
+    # (A ring node's and a broker's proxy listen on its client address: zl_node_client_addr.)
     cassandra) zl_cluster && return 1; echo cql ;;
     memcached | s3 | primary-*) echo "$1" ;;
     # (In the network-namespace mode the site's own hops stay inside the site.)
@@ -680,6 +692,7 @@ zl_start_toxiproxy() {
         "$sep" "$c" "$(zl_addr "$c")" "$(zl_port "$(zl_proxied_port "$c")")"
       sep=","
     done
+    if zl_cluster; then zl_cluster_proxies | sed "s/^/$sep  /"; fi
     echo "]"
   } >"$conf"
   zl_spawn toxiproxy "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port toxiproxy)" -config "$conf"
@@ -838,8 +851,8 @@ zl_fault() {
       zl_wait_ready "$name"
       ;;
     fault:slow | fault:blackhole | heal:slow | heal:blackhole)
-      zl_fault_proxies && zl_proxied_port "$name" >/dev/null ||
-        zl_die "$kind needs a fault proxy in front of $name (proxied: cassandra memcached s3 primary-N lastresort-N; ZLINK_FAULT_PROXIES=1)"
+      zl_fault_proxies && { zl_proxied_port "$name" >/dev/null || zl_cluster_proxied "$name"; } ||
+        zl_die "$kind needs a fault proxy in front of $name (proxied: cassandra memcached s3 primary-N lastresort-N, cassandra-N kafka-N; ZLINK_FAULT_PROXIES=1)"
       local t
       for t in "$kind-down" "$kind-up"; do zl_toxi DELETE "/proxies/$name/toxics/$t" 2>/dev/null || true; done
       [[ "$action" == heal ]] && return 0

@@ -91,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         scenarios.extend(plan::netcut());
     }
     if a.cluster {
-        scenarios.extend(plan::cluster(&a.replicas));
+        scenarios.extend(plan::cluster(&a.replicas, &a.proxied));
     }
     for f in &a.faults {
         scenarios.push(Scenario::parse(f)?);

@@ -197,13 +197,16 @@ pub fn fast() -> Vec<Scenario> {
     v
 }
 
-/// The clustered set: each replica tier (one store node, one broker) killed and hung, then the
-/// rolling restart.
-pub fn cluster(replicas: &[String]) -> Vec<Scenario> {
+/// The clustered set: each replica tier (one store node, one broker) killed and hung, and
+/// slowed and blackholed where a fault proxy is in front of it, then the rolling restart.
+pub fn cluster(replicas: &[String], proxied: &[String]) -> Vec<Scenario> {
     let mut v = Vec::new();
     for r in replicas {
-        v.push(Scenario::Tier(Kind::Kill, r.clone()));
-        v.push(Scenario::Tier(Kind::Hang, r.clone()));
+        for k in [Kind::Kill, Kind::Hang, Kind::Slow, Kind::Blackhole] {
+            if !k.needs_proxy() || proxied.contains(r) {
+                v.push(Scenario::Tier(k, r.clone()));
+            }
+        }
     }
     v.push(Scenario::Rolling);
     v
@@ -471,16 +474,21 @@ mod tests {
             vec!["cassandra-1".into(), "primary-1".into()],
         );
         let replicas = ["cassandra-2".to_string(), "kafka-1".to_string()];
-        let ph = phases(&cluster(&replicas), &t, &[], &replicas).unwrap();
+        // Only kafka-1 has a fault proxy: only it is slowed and blackholed.
+        let proxied = ["kafka-1".to_string()];
+        let ph = phases(&cluster(&replicas, &proxied), &t, &proxied, &replicas).unwrap();
         let by_name = |n: &str| ph.iter().find(|p| p.name == n).unwrap();
         for n in [
             "cassandra-2-hang",
             "cassandra-2-back",
             "kafka-1-kill",
             "kafka-1-back",
+            "kafka-1-slow",
+            "kafka-1-blackhole",
         ] {
             assert!(by_name(n).writes_whole && by_name(n).invisible, "{n}");
         }
+        assert!(!ph.iter().any(|p| p.name == "cassandra-2-slow"));
         let rolling = by_name("rolling-restart");
         assert!(rolling.invisible && rolling.writes_whole);
         assert_eq!(

@@ -153,6 +153,11 @@ pub struct ServeConfig {
     /// How long the producer retries one event before leaving it to the outbox sweeper, ms.
     #[arg(long, env = "ZLINK_KAFKA_MESSAGE_TIMEOUT_MS", default_value_t = 30_000)]
     pub kafka_message_timeout_ms: u64,
+    /// A link event whose partition's leader has not acknowledged it after this long is sent
+    /// to another partition (events carry versions: any partition will do), and that leader is
+    /// avoided for a while (a broker its clients cannot reach may still lead), ms.
+    #[arg(long, env = "ZLINK_KAFKA_REROUTE_AFTER_MS", default_value_t = 1_000)]
+    pub kafka_reroute_after_ms: u64,
 
     /// Memory budget of the in-process redirect cache, bytes (entries are weighed by URL size).
     #[arg(long, env = "ZLINK_LOCAL_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
@@ -255,6 +260,9 @@ impl ServeConfig {
         }
         if !(1000..=3_600_000).contains(&self.kafka_message_timeout_ms) {
             return Err("--kafka-message-timeout-ms must be between 1000 and 3600000".into());
+        }
+        if !(50..=60_000).contains(&self.kafka_reroute_after_ms) {
+            return Err("--kafka-reroute-after-ms must be between 50 and 60000".into());
         }
         if self.memcached_pool == 0 || self.memcached_pool > 256 {
             return Err("--memcached-pool must be between 1 and 256".into());

@@ -169,6 +169,7 @@ fn event_sink(
                 brokers: brokers.to_string(),
                 links_topic: cfg.links_topic.clone(),
                 message_timeout: Duration::from_millis(cfg.kafka_message_timeout_ms),
+                reroute_after: Duration::from_millis(cfg.kafka_reroute_after_ms),
             };
             let clicks = zlink_clients::clicks::Clicks::start(
                 &cfg.clicks,
@@ -180,6 +181,7 @@ fn event_sink(
             let relay = relay::Relay::new(&settings, store, metrics, clock, &cfg.instance)
                 .map_err(|e| format!("creating the Kafka producer: {e}"))?;
             background.spawn(relay.clone().run(shutdown.clone()));
+            background.spawn(relay.clone().watch_leaders(shutdown.clone()));
             Ok(Arc::new(relay::KafkaSink { relay, clicks }))
         }
         None => {

@@ -22,6 +22,7 @@ pub struct Metrics {
     pub events: IntCounterVec,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
+    pub links_rerouted: IntCounter,
     /// Link-event producers replaced after consecutive failed publishes.
     pub producer_resets: IntCounter,
     /// Outbox rows the sweeper found past the fast path's window in its last pass (0 on
@@ -90,6 +91,11 @@ impl Metrics {
             "Kafka publish failures (retried from the outbox)",
         )
         .expect("valid metric");
+        let links_rerouted = IntCounter::new(
+            "links_rerouted_total",
+            "Link events sent to another partition: their own partition's leader missed --kafka-reroute-after-ms (or has none)",
+        )
+        .expect("valid metric");
         let producer_resets = IntCounter::new(
             "producer_resets_total",
             "Link-event Kafka producers replaced after consecutive failed publishes",
@@ -123,6 +129,7 @@ impl Metrics {
         .expect("valid metric");
         for c in [
             Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(links_rerouted.clone()),
             Box::new(producer_resets.clone()),
             Box::new(outbox_backlog.clone()),
             Box::new(outbox_oldest_age.clone()),
@@ -159,6 +166,7 @@ impl Metrics {
             store_errors,
             events,
             publish_errors,
+            links_rerouted,
             producer_resets,
             outbox_backlog,
             outbox_oldest_age,

@@ -4,7 +4,10 @@
 //! Every change writes an outbox row `(slug, at_ms, version)` *before* the store change (see
 //! `api`), then hands the resulting event here:
 //! - **fast path**: publish the event (idempotent producer, acks=all, keyed by slug) and delete
-//!   the row once Kafka acknowledged it — milliseconds after the change in normal operation;
+//!   the row once Kafka acknowledged it — milliseconds after the change in normal operation.
+//!   An event whose partition's leader has not acknowledged it within `--kafka-reroute-after-ms`
+//!   goes to another partition (`zlink_clients::steer`: a broker its clients cannot reach may
+//!   still lead; no consumer needs the events of one slug in order);
 //! - **sweeper** (one instance at a time, under a lease): every second, rows older than
 //!   [`SWEEP_AFTER_MS`] — left by a crash, a Kafka outage or a slow fast path — are
 //!   republished from the link's *current* state in the store (a SERIAL read). A row whose
@@ -111,13 +114,23 @@ pub struct KafkaSettings {
     pub links_topic: String,
     /// How long the producer keeps retrying one message before reporting failure.
     pub message_timeout: Duration,
+    /// How long an event waits for its partition's leader before it goes to another partition.
+    pub reroute_after: Duration,
 }
+
+/// How long a partition leader that missed `reroute_after` is avoided.
+const SUSPECT_FOR: Duration = Duration::from_secs(5);
+/// How often each primary reads the `links` partitions' leaders.
+const LEADERS_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Relay {
     /// Replaced after consecutive failed publishes (librdkafka can stay stuck after a frozen
     /// broker thaws; see `HealingProducer`).
     producer: HealingProducer,
     topic: String,
+    /// Which partition each event goes to (its slug's, unless that leader does not answer).
+    steer: zlink_clients::steer::Steer,
+    reroute_after: Duration,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
@@ -143,6 +156,8 @@ impl Relay {
         let producer = HealingProducer::new(config, metrics.producer_resets.clone())?;
         Ok(Arc::new(Relay {
             producer,
+            steer: zlink_clients::steer::Steer::new(&k.links_topic, SUSPECT_FOR),
+            reroute_after: k.reroute_after,
             topic: k.links_topic.clone(),
             store,
             metrics,
@@ -163,14 +178,49 @@ impl Relay {
         };
         span.set("topic", self.topic.clone());
         let tp = span.ctx().header();
-        let record = FutureRecord::to(&self.topic)
-            .key(ev.slug.as_bytes())
-            .payload(&payload)
-            .headers(OwnedHeaders::new().insert(Header {
-                key: trace::TRACEPARENT,
-                value: Some(tp.as_str()),
-            }));
-        match self.producer.send(record, Duration::from_secs(5)).await {
+        let key = ev.slug.as_bytes();
+        let record = |partition: Option<i32>| {
+            let r = FutureRecord::to(&self.topic)
+                .key(key)
+                .payload(&payload)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: trace::TRACEPARENT,
+                    value: Some(tp.as_str()),
+                }));
+            match partition {
+                Some(p) => r.partition(p),
+                None => r,
+            }
+        };
+        const QUEUE: Duration = Duration::from_secs(5);
+        let first = self.steer.pick(key, std::time::Instant::now());
+        let sent = match first {
+            None => self.producer.send(record(None), QUEUE).await,
+            Some(p) => {
+                match tokio::time::timeout(
+                    self.reroute_after,
+                    self.producer.send(record(Some(p)), QUEUE),
+                )
+                .await
+                {
+                    Ok(Ok(d)) => Ok(d),
+                    // Not acknowledged in time (or refused): its leader is avoided for a while
+                    // and the event goes to the next partition. The first copy may still land;
+                    // the replicator applies a version once.
+                    _ => {
+                        let now = std::time::Instant::now();
+                        self.steer.suspect(p, now);
+                        let next = self.steer.pick(key, now);
+                        if next != Some(p) {
+                            self.metrics.links_rerouted.inc();
+                            span.set("rerouted_from", i64::from(p));
+                        }
+                        self.producer.send(record(next), QUEUE).await
+                    }
+                }
+            }
+        };
+        match sent {
             Ok(d) => {
                 span.set("partition", i64::from(d.partition));
                 self.metrics
@@ -298,6 +348,28 @@ impl Relay {
             bucket += 1;
         }
         Ok(expired)
+    }
+
+    /// Reads the `links` partitions' leaders every [`LEADERS_EVERY`] (a metadata request on a
+    /// blocking thread) for [`zlink_clients::steer::Steer`], until shutdown.
+    pub async fn watch_leaders(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(LEADERS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let relay = self.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let producer = relay.producer.producer();
+                relay.steer.refresh(producer.client(), LEADERS_EVERY)
+            })
+            .await;
+            if let Ok(Err(e)) = read {
+                tracing::debug!(topic = %self.steer.topic(), error = %e, "partition leaders not read");
+            }
+        }
     }
 
     fn spawn_fast_path(self: &Arc<Self>, ev: LinkEvent, row: OutboxRow) {
