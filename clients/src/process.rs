@@ -16,8 +16,8 @@ pub struct RuntimeArgs {
     /// Threads that run the async work, requests included (tokio workers); 0: one per CPU
     /// this process may use. Where the cores are shared with nginx, the other services and
     /// the load, fewer workers than cores cost less CPU per request: fewer wake-ups and
-    /// context switches (the local topology runs 1 on its 2 cores; ARCHITECTURE.md,
-    /// "Performance").
+    /// context switches (the local topology runs 1 on its 2 cores;
+    /// docs/performance-notebook.md).
     #[arg(long, env = "ZLINK_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
     /// HTTP connections served at once; the next waits in the listen backlog until one closes.

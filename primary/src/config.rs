@@ -86,7 +86,7 @@ pub struct ServeConfig {
     pub allow_hosts_file: Option<std::path::PathBuf>,
     /// Link writes (create, status change) per API key: `RATE/UNIT[:BURST]` (e.g. `10/s:50`,
     /// `600/m`) or `off`. Admin keys are not limited. Excess requests get 429 + Retry-After.
-    /// Limits are per process (see ARCHITECTURE.md, "Abuse limits").
+    /// Limits are per process (see docs/design/abuse-limits.md).
     #[arg(long, env = "ZLINK_LIMIT_WRITES_PER_KEY", default_value = "10/s:50")]
     pub limit_writes_per_key: crate::limits::RateSpec,
     /// Link writes per client address (from X-Forwarded-For of a trusted proxy, else the peer).

@@ -2,7 +2,7 @@
 //! counter's exactly-once writer ([`writer`]), and the read model behind the stats API and the
 //! info page.
 //!
-//! Exactly once, in short (the argument in full: ARCHITECTURE.md, Counting): every click of a
+//! Exactly once, in short (the argument in full: docs/design/data-flow.md, "Counting"): every click of a
 //! link goes to one partition of the clicks topic (the source); one counter owns a source at a
 //! time and counts its clicks in offset order. Per (link, day, source) it stores absolute counts
 //! together with `upto`, the offset of the newest click they include, written with that offset
