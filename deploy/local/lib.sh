@@ -828,15 +828,18 @@ zl_fault() {
         kill -HUP "$pid"
         zl_wait_ready "$name"
       else
-        local stopped=$SECONDS
         zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
         # Behind nginx (primaries, lastresorts) a restarted server is back in rotation only
-        # once nginx's fail_timeout for its failed try has passed: until then the next step
-        # of a rolling restart would take the last server of the pool with it.
+        # once nginx's fail_timeout has passed since its last failed try, which may have come
+        # just before it was ready again: until then the next step of a rolling restart would
+        # take the last server of the pool with it (measured: 2 creates of 203 answered 503
+        # and 44 redirects went to rung 2 when the wait counted from the stop instead).
         if [[ "$name" == primary-* || "$name" == lastresort-* ]]; then
-          local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}"
-          if [[ "$ft" == *ms ]]; then ft=$(((${ft%ms} + 999) / 1000)); else ft="${ft%s}"; fi
-          while ((SECONDS - stopped <= ft)); do sleep 0.2; done
+          local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" ready_ms now_ms
+          if [[ "$ft" == *ms ]]; then ft="${ft%ms}"; else ft=$((${ft%s} * 1000)); fi
+          ready_ms=$(($(date +%s%3N)))
+          now_ms=$ready_ms
+          while ((now_ms - ready_ms <= ft + 500)); do sleep 0.2; now_ms=$(date +%s%3N); done
         fi
       fi
       ;;

@@ -39,6 +39,8 @@ pub struct State {
     pub hosts: Hosts,
     /// Connections served at once (`--max-connections`).
     pub max_connections: usize,
+    /// How long the open connections are served after shutdown (`--drain-ms`).
+    pub drain: std::time::Duration,
 }
 
 impl Tier for State {
@@ -163,6 +165,7 @@ pub async fn serve(
 ) {
     let conns = zlink_redirect::serve::Connections {
         max: state.max_connections,
+        drain: state.drain,
         metrics: state.metrics.connections.clone(),
     };
     zlink_redirect::serve::serve(listener, shutdown, grace, conns, || {

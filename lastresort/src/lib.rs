@@ -114,6 +114,7 @@ pub fn state(
         ready: false.into(),
         hosts: zlink_wire::domain::Hosts::new(cfg.short_domains.iter().map(String::as_str)),
         max_connections: cfg.runtime.max_connections,
+        drain: std::time::Duration::from_millis(cfg.runtime.drain_ms),
     }))
 }
 

@@ -293,9 +293,11 @@ pub async fn serve(
     shutdown: CancellationToken,
     grace: Duration,
     max_connections: usize,
+    drain: Duration,
 ) {
     let conns = zlink_redirect::serve::Connections {
         max: max_connections,
+        drain,
         metrics: state.metrics.connections.clone(),
     };
     zlink_redirect::serve::serve(listener, shutdown, grace, conns, || {

@@ -73,6 +73,7 @@ pub struct App {
     shutdown: CancellationToken,
     grace: Duration,
     max_connections: usize,
+    drain: Duration,
 }
 
 impl App {
@@ -113,6 +114,7 @@ impl App {
             shutdown,
             grace: Duration::from_secs(cfg.shutdown_grace_s),
             max_connections: cfg.runtime.max_connections,
+            drain: Duration::from_millis(cfg.runtime.drain_ms),
         })
     }
 
@@ -127,6 +129,7 @@ impl App {
             self.shutdown.clone(),
             self.grace,
             self.max_connections,
+            self.drain,
         )
         .await;
         self.state.events.close().await;

@@ -2,8 +2,16 @@
 //! Nagle delay, accept errors (EMFILE and friends) backed off instead of spun on, at most
 //! `max` connections open at once (the next waits in the listen backlog until one closes: a
 //! process's memory for connections and their requests is bounded by its configuration, not
-//! by how hard it is pushed), and on shutdown: stop accepting, let in-flight requests finish
-//! for at most `grace`.
+//! by how hard it is pushed), and on shutdown: refuse new connections at once, serve the open
+//! ones for up to `drain` more with every answer asking the client to close the connection,
+//! then let in-flight requests finish for at most `grace`.
+//!
+//! Why the drain: closing an idle keep-alive connection races with the client sending its next
+//! request on it, and a proxy cannot retry a POST that met a reset (it may have been applied).
+//! During the drain a connection closes only after an answer that said so, and the nginx in
+//! front closes connections idle for its upstream `keepalive_timeout` (shorter than the drain)
+//! itself, so no request is sent on a connection as this process closes it. A refused connect
+//! is safe: the request was never sent, so nginx tries the next server, POST included.
 
 use crate::Resp;
 use http::Request;
@@ -12,8 +20,12 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use prometheus::{IntCounter, IntGauge, Registry};
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -62,6 +74,8 @@ impl ConnMetrics {
 #[derive(Clone)]
 pub struct Connections {
     pub max: usize,
+    /// After shutdown, how long the open connections are still served (see the module doc).
+    pub drain: Duration,
     pub metrics: ConnMetrics,
 }
 
@@ -86,6 +100,7 @@ pub async fn serve<S, F>(
         .max_buf_size(64 * 1024)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
+    let draining = Arc::new(AtomicBool::new(false));
     let slots = Arc::new(Semaphore::new(conns.max.max(1)));
     loop {
         let slot = match slots.clone().try_acquire_owned() {
@@ -114,8 +129,10 @@ pub async fn serve<S, F>(
             },
         };
         let _ = stream.set_nodelay(true);
-        let conn = graceful
-            .watch(http.serve_connection(TokioIo::new(stream), WithPeer(service(), Peer(peer))));
+        let conn = graceful.watch(http.serve_connection(
+            TokioIo::new(stream),
+            WithPeer(service(), Peer(peer), draining.clone()),
+        ));
         let open = conns.metrics.open.clone();
         open.inc();
         tokio::spawn(async move {
@@ -126,6 +143,20 @@ pub async fn serve<S, F>(
             drop(slot);
         });
     }
+    // New connections are refused from here on.
+    drop(listener);
+    if !conns.drain.is_zero() && conns.metrics.open.get() > 0 {
+        draining.store(true, Ordering::Relaxed);
+        tracing::info!(
+            drain_ms = conns.drain.as_millis() as u64,
+            open = conns.metrics.open.get(),
+            "shutting down: serving the open connections, each answer with Connection: close"
+        );
+        let until = tokio::time::Instant::now() + conns.drain;
+        while conns.metrics.open.get() > 0 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     tracing::info!("shutting down: draining in-flight requests");
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all connections closed"),
@@ -133,18 +164,55 @@ pub async fn serve<S, F>(
     }
 }
 
-struct WithPeer<S>(S, Peer);
+/// A connection's service: puts the [`Peer`] into each request, and while the process drains
+/// asks the client to close the connection after each answer.
+struct WithPeer<S>(S, Peer, Arc<AtomicBool>);
 
-impl<S: hyper::service::Service<Request<Incoming>>> hyper::service::Service<Request<Incoming>>
-    for WithPeer<S>
+impl<S> hyper::service::Service<Request<Incoming>> for WithPeer<S>
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Resp>,
 {
-    type Response = S::Response;
+    type Response = Resp;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Closing<S::Future>;
 
-    fn call(&self, mut req: Request<Incoming>) -> S::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.1);
-        self.0.call(req)
+        Closing {
+            inner: self.0.call(req),
+            draining: self.2.clone(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An answer that carries `Connection: close` once the process is draining (hyper then
+    /// closes the connection after writing it).
+    struct Closing<F> {
+        #[pin]
+        inner: F,
+        draining: Arc<AtomicBool>,
+    }
+}
+
+impl<F, E> Future for Closing<F>
+where
+    F: Future<Output = Result<Resp, E>>,
+{
+    type Output = Result<Resp, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut out = ready!(this.inner.poll(cx));
+        if this.draining.load(Ordering::Relaxed) {
+            if let Ok(resp) = &mut out {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
+        }
+        Poll::Ready(out)
     }
 }
 
@@ -188,6 +256,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let conns = Connections {
             max: 1,
+            drain: Duration::ZERO,
             metrics: metrics.clone(),
         };
         let server = tokio::spawn(serve(
@@ -237,5 +306,56 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(metrics.open.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn on_shutdown_new_connections_are_refused_and_open_ones_are_answered_then_closed() {
+        let registry = Registry::new();
+        let metrics = ConnMetrics::register(&registry).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let conns = Connections {
+            max: 16,
+            drain: Duration::from_secs(30),
+            metrics: metrics.clone(),
+        };
+        let server = tokio::spawn(serve(
+            listener,
+            shutdown.clone(),
+            Duration::from_secs(1),
+            conns,
+            || {
+                hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                })
+            },
+        ));
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let a = ask(&mut idle).await;
+        assert!(!a.to_ascii_lowercase().contains("connection: close"), "{a}");
+
+        shutdown.cancel();
+        let mut refused = false;
+        for _ in 0..200 {
+            if TcpStream::connect(addr).await.is_err() {
+                refused = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(refused, "new connections are refused once shutdown begins");
+        // The connection that was idle is still served: the request sent on it as the process
+        // stops is answered, and the answer says the connection closes.
+        let a = ask(&mut idle).await;
+        assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+        assert!(a.to_ascii_lowercase().contains("connection: close"), "{a}");
+        let mut buf = [0u8; 8];
+        assert_eq!(idle.read(&mut buf).await.unwrap(), 0, "then it is closed");
+        // With nothing open the drain ends early (not after its 30 s).
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("shutdown ends once no connection is open")
+            .unwrap();
     }
 }

@@ -112,6 +112,9 @@ impl ServiceProcess {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if !extra.contains(&"--drain-ms") {
+            argv.extend(["--drain-ms".to_string(), "0".into()]);
+        }
         argv.extend(extra.iter().map(|s| s.to_string()));
         (argv, spool)
     }

@@ -99,6 +99,11 @@ pub async fn spawn_primary(
     if !extra.contains(&"--limit-writes-per-key") {
         argv.extend(["--limit-writes-per-key".into(), "off".into()]);
     }
+    // Tests stop services with connections of their own still pooled: no drain after shutdown
+    // (redirect/src/serve.rs tests it), unless the test sets one.
+    if !extra.contains(&"--drain-ms") {
+        argv.extend(["--drain-ms".into(), "0".into()]);
+    }
     argv.extend(extra.iter().map(|s| s.to_string()));
     let cfg = match clap::Parser::try_parse_from(argv).expect("valid flags") {
         Cli {
@@ -252,6 +257,11 @@ pub fn lastresort_argv(
     .collect();
     if !extra.contains(&"--kafka") {
         argv.extend(["--kafka".to_string(), infra.kafka.clone()]);
+    }
+    // Tests stop services with connections of their own still pooled: no drain after shutdown
+    // (redirect/src/serve.rs tests it), unless the test sets one.
+    if !extra.contains(&"--drain-ms") {
+        argv.extend(["--drain-ms".to_string(), "0".into()]);
     }
     let spool = (!extra.contains(&"--spool-dir")).then(|| TempDir::new("lr-spool"));
     if let Some(d) = &spool {
