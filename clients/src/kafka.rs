@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 /// second while a broker is down.
 ///
 /// A hung broker (SIGSTOP, a stalled disk) accepts connections and never answers. The cluster
-/// fences it after `broker.session.timeout.ms` (2 s in the local cluster, deploy/local/cluster.sh)
+/// fences it after `broker.session.timeout.ms` (2 s in the local cluster, deploy/local/lib/cluster.sh)
 /// and moves its partitions' leadership; a client learns of the move from its metadata. By
 /// default a request to the hung broker waits 60 s (`socket.timeout.ms`) and metadata is
 /// refreshed every 5 minutes: measured on a 3-broker cluster, links created while one broker

@@ -1,4 +1,4 @@
-//! The clustered engines' wiring (deploy/local/cluster.sh): a 3-node ring that holds the
+//! The clustered engines' wiring (deploy/local/lib/cluster.sh): a 3-node ring that holds the
 //! keyspace at replication factor 3, a driver that starts with a dead contact point, and the
 //! link producers' settings following a new partition leader when the leader hangs.
 //!

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The clustered engines (ZLINK_CLUSTER=1): a 3-node Cassandra ring and a 3-broker KRaft Kafka
 # with its own 3-node controller quorum, instead of one node of each, as production runs them.
-# Sourced by lib.sh, never executed.
+# Sourced by deploy/local/lib.sh, never executed.
 #
 # Node N (cassandra-N, kafka-N, kafka-controller-N) listens on its own loopback address
 # 127.0.0.(N+1) with the ports the single node uses (as Cassandra's own ccm does), so the

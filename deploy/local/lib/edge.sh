@@ -1,0 +1,123 @@
+# shellcheck shell=bash
+# The nginx tiers (rendered from nginx/*.conf) and rung 4's DNS (dnsmasq).
+# Sourced by deploy/local/lib.sh, never executed.
+
+# ---------------------------------------------------------------- nginx tiers
+# Both configs are rendered from nginx/*.conf (the one source of truth) with the local ports;
+# their timeouts default to nginx/*.budgets (ARCHITECTURE.md, "Budgets"). Overrides:
+# ZLINK_NGINX_WORKERS, ZLINK_NGINX_FAIL_TIMEOUT (5s) and, per tier, ZLINK_NGINX_FRONTEND_<NAME>
+# or ZLINK_NGINX_LASTRESORT_<NAME> for a NAME of that tier's .budgets file
+# (e.g. ZLINK_NGINX_FRONTEND_REDIRECT_READ_TIMEOUT=300ms).
+zl_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
+# The address benchmarks and drills send from: exempt from every per-address rate limit
+# (nginx and primaries). Anything else from 127.0.0.0/8 (e.g. 127.0.0.2) is limited.
+ZLINK_LOAD_GENERATOR="${ZLINK_LOAD_GENERATOR:-127.0.0.1}"
+# NAME=VALUE arguments for every ZLINK_NGINX_<TIER>_<NAME> variable set in the environment.
+zl_nginx_overrides() {
+  local tier="$1" var
+  [[ -n "${ZLINK_NGINX_WORKERS:-}" ]] && echo "WORKERS=$ZLINK_NGINX_WORKERS"
+  for var in $(compgen -e | grep "^ZLINK_NGINX_${tier}_" || true); do
+    echo "${var#ZLINK_NGINX_${tier}_}=${!var}"
+  done
+}
+# Renders nginx-frontend or nginx-lastresort into $ZLINK_RUN/nginx/NAME.conf and prints the path.
+zl_render_nginx() {
+  local name="$1" out="$ZLINK_RUN/nginx/$1.conf" servers="" backups="" i
+  local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" overrides
+  mkdir -p "$ZLINK_RUN/nginx" "$ZLINK_RUN/$name-tmp" "$ZLINK_RUN/logs"
+  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")")
+  case "$name" in
+    nginx-frontend)
+      mapfile -t overrides < <(zl_nginx_overrides FRONTEND)
+      for ((i = 1; i <= PRIMARY_COUNT; i++)); do
+        servers+="        server $(zl_addr "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+      done
+      backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
+      "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
+        "SITE_LISTEN=listen $(zl_site_addr frontend):$(zl_port site);" "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
+        "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-frontend-status)" \
+        "${overrides[@]}" >&2 || return 1
+      ;;
+    nginx-lastresort)
+      mapfile -t overrides < <(zl_nginx_overrides LASTRESORT)
+      # In the network-namespace mode the load generator reaches the site over its users link.
+      local exempt="$ZLINK_LOAD_GENERATOR"
+      if zl_netns; then exempt="$(zl_netns_addr users-host)"; fi
+      for ((i = 1; i <= LASTRESORT_COUNT; i++)); do
+        servers+="        server $(zl_addr "lastresort-$i") max_fails=1 fail_timeout=$ft;"$'\n'
+      done
+      "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
+        "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
+        "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
+        "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
+        "DEFAULT_HOSTS=$(zl_default_hosts_map)" \
+        "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
+        "${overrides[@]}" >&2 || return 1
+      ;;
+    *) zl_die "zl_render_nginx: unknown nginx $name" ;;
+  esac
+  echo "$out"
+}
+zl_start_nginx() {
+  local name="$1" conf
+  conf="$(zl_render_nginx "$name")" || zl_die "rendering $name failed"
+  local ns=()
+  [[ "$name" == nginx-lastresort ]] && read -ra ns <<<"$(zl_site_exec)"
+  "${ns[@]}" "$(zl_nginx_bin)" -t -q -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" >>"$(zl_logfile "$name")" 2>&1 ||
+    zl_die "$name: nginx -t failed; see $(zl_logfile "$name")"
+  zl_spawn "$name" "${ns[@]}" "$(zl_nginx_bin)" -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" -g 'daemon off;'
+}
+zl_ready_nginx() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/nginx-health")" == 200 ]]; }
+ZL_TIMEOUT_nginx=10
+
+# ---------------------------------------------------------------- dns (rung 4)
+# The service's DNS name ($ZLINK_DNS_NAME) as the world would resolve it: dnsmasq on
+# 127.0.0.1 (port base + 53) answers it from $ZLINK_RUN/dns/hosts with a 5 s TTL and nothing
+# else (no upstream, no /etc/hosts). Each site has its own public address on the same port (the
+# site port, base + 79): the frontend's nginx also listens on 127.0.1.1, the last-resort host's
+# on 127.0.2.1 (the users link's address in the network-namespace mode). `ctl dns frontend|lastresort` points the name at one of them (rung 4).
+ZLINK_DNS_NAME="${ZLINK_DNS_NAME:-go.zlink.test}"
+# The default domain's names (comma-separated) for both tiers and the last-resort host's nginx:
+# every other host name is a branded domain (wire::domain). IP literals and localhost always are.
+ZLINK_SHORT_DOMAINS="${ZLINK_SHORT_DOMAINS:-$ZLINK_DNS_NAME}"
+# The same names as lines of nginx/lastresort.conf's `map $host $zl_s3_dir`.
+zl_default_hosts_map() {
+  local d
+  for d in ${ZLINK_SHORT_DOMAINS//,/ }; do printf '        "%s" "";\n' "${d,,}"; done
+}
+ZLINK_DNS_TTL="${ZLINK_DNS_TTL:-5}"
+zl_site_addr() {
+  case "$1" in
+    frontend) echo 127.0.1.1 ;;
+    lastresort) if zl_netns; then zl_netns_addr users-site; else echo 127.0.2.1; fi ;;
+    *) zl_die "unknown site '$1' (frontend, lastresort)" ;;
+  esac
+}
+# The site the name points at now (frontend until flipped).
+zl_dns_site() {
+  local f="$ZLINK_RUN/dns/site"
+  if [[ -s "$f" ]]; then cat "$f"; else echo frontend; fi
+}
+# Writes the record for SITE (atomically) and makes a running dnsmasq re-read it (SIGHUP).
+zl_dns_point() {
+  local site="$1" addr pid
+  addr="$(zl_site_addr "$site")"
+  mkdir -p "$ZLINK_RUN/dns"
+  printf '%s %s\n' "$addr" "$ZLINK_DNS_NAME" >"$ZLINK_RUN/dns/hosts.tmp"
+  mv "$ZLINK_RUN/dns/hosts.tmp" "$ZLINK_RUN/dns/hosts"
+  echo "$site" >"$ZLINK_RUN/dns/site"
+  if pid="$(zl_pid dns)"; then kill -HUP "$pid"; fi
+}
+zl_start_dns() {
+  zl_dns_point "$(zl_dns_site)"
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(--user=root)
+  zl_spawn dns "$(command -v dnsmasq || echo /usr/sbin/dnsmasq)" --keep-in-foreground --conf-file=/dev/null --pid-file= "${user[@]}" \
+    --no-resolv --no-hosts --no-poll --bind-interfaces --listen-address=127.0.0.1 \
+    --port="$(zl_port dns)" --addn-hosts="$ZLINK_RUN/dns/hosts" --local-ttl="$ZLINK_DNS_TTL" \
+    --local=/"${ZLINK_DNS_NAME#*.}"/ --log-facility=-
+}
+# Ready = it answers the name with the address of the site it should point at.
+zl_ready_dns() {
+  zl_probe dns 127.0.0.1 "$(zl_port dns)" "$ZLINK_DNS_NAME" "$(zl_site_addr "$(zl_dns_site)")" >/dev/null
+}
+ZL_TIMEOUT_dns=10

@@ -1,0 +1,174 @@
+# shellcheck shell=bash
+# The engines as single nodes: Cassandra, Kafka, SeaweedFS (S3), memcached: how each starts
+# and when it is ready (the clustered engines: deploy/local/lib/cluster.sh).
+# Sourced by deploy/local/lib.sh, never executed.
+
+# ---------------------------------------------------------------- cassandra
+zl_start_cassandra() {
+  zl_spawn_cassandra cassandra "$ZLINK_RUN/cassandra" 127.0.0.1 "127.0.0.1:$(zl_port cassandra-storage)" false \
+    "dynamic_snitch: false"
+}
+# zl_spawn_cassandra NAME DIR ADDR SEEDS HINTS RING: one Cassandra node listening on ADDR
+# (storage and CQL ports the same on every address), RING: the yaml lines only a ring node has.
+zl_spawn_cassandra() {
+  local name="$1" dir="$2" addr="$3" seeds="$4" hints="$5" ring="$6" yaml
+  mkdir -p "$dir"/{data,commitlog,saved_caches,hints,cdc_raw}
+  yaml="$(sed -e "s|@DIR@|$dir|g" -e "s|@CQL_PORT@|$(zl_port cql)|g" \
+    -e "s|@STORAGE_PORT@|$(zl_port cassandra-storage)|g" -e "s|@ADDR@|$addr|g" \
+    -e "s|@SEEDS@|$seeds|g" -e "s|@HINTS@|$hints|g" \
+    "$ZLINK_ROOT/deploy/local/conf/cassandra.yaml.tmpl")"
+  printf '%s\n' "${yaml//@RING@/$ring}" >"$dir/cassandra.yaml"
+  local jvm_opts
+  mapfile -t jvm_opts < <(grep -v -e '^#' -e '^$' "$ZLINK_ROOT/deploy/local/conf/cassandra-jvm17.options")
+  # 2 GiB of heap: every test keyspace's ~30 tables stay in the heap's schema and memtable
+  # structures, and a full test run plus reruns against the same servers filled 1 GiB
+  # (OutOfMemoryError after ~100 keyspaces). ZLINK_CASSANDRA_HEAP overrides (a ring node: 1g).
+  local heap="${ZLINK_CASSANDRA_HEAP:-2g}"
+  zl_spawn "$name" java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
+    -Dcassandra.config="file://$dir/cassandra.yaml" \
+    -Dcassandra.storagedir="$dir" \
+    -Dcassandra.logdir="$ZLINK_RUN/logs" \
+    -Dlogback.configurationFile="$ZLINK_ROOT/deploy/local/conf/cassandra-logback.xml" \
+    -Dcassandra-foreground=yes \
+    -Dcassandra.skip_wait_for_gossip_to_settle=0 \
+    -Dcassandra.ring_delay_ms=0 \
+    -Dcassandra.superuser_setup_delay_ms=0 \
+    -Djava.net.preferIPv4Stack=true \
+    -cp "$CASSANDRA_LIB/*" org.apache.cassandra.service.CassandraDaemon
+}
+zl_ready_cassandra() { zl_probe cql 127.0.0.1 "$(zl_port cql)"; }
+ZL_TIMEOUT_cassandra=240
+
+# ---------------------------------------------------------------- kafka
+zl_kafka_java() {
+  java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
+    -cp "$KAFKA_LIB/*" "$@"
+}
+zl_start_kafka() {
+  # A single combined broker+controller node in KRaft mode, loopback only.
+  zl_spawn_kafka kafka "$ZLINK_RUN/kafka" broker,controller 1 127.0.0.1 \
+    "1@127.0.0.1:$(zl_port kafka-controller)" "offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1"
+}
+# zl_spawn_kafka NAME DIR ROLES NODE_ID ADDR VOTERS EXTRA [CLIENT_ADDR]: one KRaft node
+# (ROLES: broker, controller or both) listening on ADDR (the broker on the kafka port, the
+# controller on the kafka-controller port: the same ports on every address), in the controller
+# quorum VOTERS, with the server.properties lines EXTRA (replication of the internal topics,
+# failure detection). A broker with a CLIENT_ADDR other than ADDR (its fault proxy's) tells
+# clients to come there, and the brokers replicate among themselves on a listener of their own
+# (INTERNAL, the kafka-internal port), directly. Its log dir is formatted with the topology's
+# cluster id before its first start.
+zl_spawn_kafka() {
+  local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7" client="${8:-$5}"
+  local listeners=() advertised=() heap=512m internal=PLAINTEXT
+  if [[ "$roles" == *broker* ]]; then
+    listeners+=("PLAINTEXT://$addr:$(zl_port kafka)")
+    advertised+=("PLAINTEXT://$client:$(zl_port kafka)")
+    if [[ "$client" != "$addr" ]]; then
+      internal=INTERNAL
+      listeners+=("INTERNAL://$addr:$(zl_port kafka-internal)")
+      advertised+=("INTERNAL://$addr:$(zl_port kafka-internal)")
+    fi
+  fi
+  [[ "$roles" == *controller* ]] && listeners+=("CONTROLLER://$addr:$(zl_port kafka-controller)")
+  # A controller-only node holds the cluster's metadata, not its data.
+  [[ "$roles" == controller ]] && heap=256m
+  mkdir -p "$dir"
+  {
+    cat <<EOF
+process.roles=$roles
+node.id=$id
+controller.quorum.voters=$voters
+listeners=$(IFS=,; echo "${listeners[*]}")
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.num.partitions=6
+group.initial.rebalance.delay.ms=0
+log.retention.hours=168
+$extra
+EOF
+    if [[ "$roles" == *broker* ]]; then
+      printf 'advertised.listeners=%s\ninter.broker.listener.name=%s\n' \
+        "$(IFS=,; echo "${advertised[*]}")" "$internal"
+    fi
+  } >"$dir/server.properties"
+  if [[ ! -f "$dir/data/meta.properties" ]]; then
+    zl_kafka_java kafka.tools.StorageTool format -t "$KAFKA_CLUSTER_ID" \
+      -c "$dir/server.properties" >>"$(zl_logfile "$name")" 2>&1 ||
+      zl_die "formatting the Kafka log dir of $name failed; see $(zl_logfile "$name")"
+  fi
+  zl_spawn "$name" java "-Xms256m" "-Xmx$heap" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
+    -Dkafka.logs.dir="$ZLINK_RUN/logs" \
+    -cp "$KAFKA_LIB/*" kafka.Kafka "$dir/server.properties"
+}
+zl_ready_kafka() {
+  zl_probe kafka 127.0.0.1 "$(zl_port kafka)" || return 1
+  # Topics exist (created once, idempotently) = ready for producers and consumers.
+  [[ -f "$ZLINK_RUN/kafka/topics.ok" ]] && return 0
+  zl_kafka_topics kafka "127.0.0.1:$(zl_port kafka)" 1 && touch "$ZLINK_RUN/kafka/topics.ok"
+}
+# zl_kafka_topics LOG BOOTSTRAP RF [--config K=V ...]: creates every topic of $KAFKA_TOPICS
+# that is missing, at replication factor RF, logging to LOG's log.
+zl_kafka_topics() {
+  local log="$1" bootstrap="$2" rf="$3" t; shift 3
+  for t in $KAFKA_TOPICS; do
+    zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" \
+      --create --if-not-exists --topic "${t%%:*}" --partitions "${t##*:}" --replication-factor "$rf" \
+      "$@" >>"$(zl_logfile "$log")" 2>&1 || return 1
+  done
+}
+ZL_TIMEOUT_kafka=120
+
+# ---------------------------------------------------------------- s3 (SeaweedFS)
+zl_start_s3() {
+  local dir="$ZLINK_RUN/s3"
+  mkdir -p "$dir/data"
+  cat >"$dir/s3.json" <<EOF
+{
+  "identities": [
+    {"name": "zlink", "credentials": [{"accessKey": "$S3_ACCESS_KEY", "secretKey": "$S3_SECRET_KEY"}],
+     "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+    {"name": "anonymous", "actions": ["Read:$S3_BUCKET"]}
+  ]
+}
+EOF
+  # `weed mini` saves its flags to DATA/mini.options and reloads them; absolute paths only.
+  zl_spawn s3 "$WEED" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -s3.port="$(zl_port s3)" -master.port="$(zl_port weed-master)" \
+    -volume.port="$(zl_port weed-volume)" -filer.port="$(zl_port weed-filer)" \
+    -admin.port="$(zl_port weed-admin)" -metricsPort="$(zl_port weed-metrics)" \
+    -master.port.grpc="$(zl_port weed-master-grpc)" -volume.port.grpc="$(zl_port weed-volume-grpc)" \
+    -filer.port.grpc="$(zl_port weed-filer-grpc)" -admin.port.grpc="$(zl_port weed-admin-grpc)" \
+    -s3.port.grpc="$(zl_port weed-s3-grpc)" \
+    -s3.config="$dir/s3.json" -bucket="$S3_BUCKET" -master.telemetry=false \
+    -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0
+}
+# Ready = an unsigned GET of a missing key in the bucket answers 404 (an open port is not ready).
+zl_ready_s3() {
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 \
+    "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe")" == 404 ]]
+}
+ZL_TIMEOUT_s3=60
+
+# ---------------------------------------------------------------- memcached
+zl_start_memcached() {
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(-u root)
+  zl_spawn memcached memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached)" -U 0 -m 256 -c 4096 -t 2
+}
+zl_ready_memcached() { zl_probe memcached 127.0.0.1 "$(zl_port memcached)"; }
+# The last-resort hosts' own memcached: nothing of the primary datacenter is shared with them.
+zl_start_memcached_lr() {
+  local user=(); [[ "$(id -u)" == 0 ]] && user=(-u root)
+  zl_spawn memcached-lr $(zl_site_exec) memcached "${user[@]}" -l 127.0.0.1 -p "$(zl_port memcached-lr)" -U 0 -m 128 -c 4096 -t 2
+}
+zl_ready_memcached_lr() { zl_probe memcached 127.0.0.1 "$(zl_port memcached-lr)"; }
+ZL_TIMEOUT_memcached_lr=10
+ZL_TIMEOUT_memcached=10

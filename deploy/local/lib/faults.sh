@@ -1,0 +1,155 @@
+# shellcheck shell=bash
+# Fault injection: the Toxiproxy fault proxies and `zl_fault` (kill, hang, slow, blackhole,
+# cut, restart) behind `ctl fault|heal`.
+# Sourced by deploy/local/lib.sh, never executed.
+
+# ---------------------------------------------------------------- fault proxies (Toxiproxy)
+# The hops a drill slows down or blackholes go through one local Toxiproxy (a real TCP fault
+# proxy): primaries → cassandra and memcached; replicator, lastresorts and the lastresort host
+# → s3; the frontend → primaries; the lastresort host → lastresort processes. Each proxy is
+# named after the component it fronts and listens on that component's port + 200; with no
+# fault injected it only forwards bytes. ZLINK_FAULT_PROXIES=0 connects everything directly
+# (benchmarks of the nginx tiers), and then only kill and hang faults are available.
+# (`up` records the choice in the run dir: later `ctl` calls keep it.)
+[[ -z "${ZLINK_FAULT_PROXIES:-}" && -f "$ZLINK_RUN/no-fault-proxies" ]] && ZLINK_FAULT_PROXIES=0
+zl_fault_proxies() { [[ "${ZLINK_FAULT_PROXIES:-1}" == 1 ]]; }
+# Components with a fault proxy in front, and the port name each is reached on.
+zl_proxied_port() {
+  case "$1" in
+    # (A ring node's and a broker's proxy listen on its client address: zl_node_client_addr.)
+    cassandra) zl_cluster && return 1; echo cql ;;
+    memcached | s3 | primary-*) echo "$1" ;;
+    # (In the network-namespace mode the site's own hops stay inside the site.)
+    lastresort-*) zl_netns && return 1; echo "$1" ;;
+    *) return 1 ;;
+  esac
+}
+# host:port to connect to NAME: its fault proxy when there is one, else NAME itself.
+zl_addr() {
+  local port
+  if zl_fault_proxies && port="$(zl_proxied_port "$1")"; then
+    echo "127.0.0.1:$(($(zl_port "$port") + 200))"
+  else
+    port="$(zl_proxied_port "$1" || echo "$1")"
+    echo "127.0.0.1:$(zl_port "$port")"
+  fi
+}
+zl_start_toxiproxy() {
+  local conf="$ZLINK_RUN/toxiproxy.json" sep="" c i
+  local fronted=(memcached s3)
+  zl_cluster || fronted+=(cassandra)
+  for ((i = 1; i <= PRIMARY_COUNT; i++)); do fronted+=("primary-$i"); done
+  if ! zl_netns; then
+    for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
+  fi
+  {
+    echo "["
+    for c in "${fronted[@]}"; do
+      printf '%s  {"name": "%s", "listen": "%s", "upstream": "127.0.0.1:%s", "enabled": true}\n' \
+        "$sep" "$c" "$(zl_addr "$c")" "$(zl_port "$(zl_proxied_port "$c")")"
+      sep=","
+    done
+    if zl_cluster; then zl_cluster_proxies | sed "s/^/$sep  /"; fi
+    echo "]"
+  } >"$conf"
+  zl_spawn toxiproxy "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port toxiproxy)" -config "$conf"
+}
+zl_ready_toxiproxy() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port toxiproxy)/proxies")" == 200 ]]; }
+ZL_TIMEOUT_toxiproxy=10
+# The Toxiproxy API: zl_toxi METHOD PATH [JSON].
+zl_toxi() {
+  local args=(-sS -f -m 5 -o /dev/null -X "$1" "http://127.0.0.1:$(zl_port toxiproxy)$2")
+  [[ $# -ge 3 ]] && args+=(-H 'Content-Type: application/json' -d "$3")
+  curl "${args[@]}"
+}
+
+# ---------------------------------------------------------------- faults
+# zl_fault fault|heal KIND NAME — what `ctl fault|heal` and the drill do to one component:
+#   kill       SIGKILL the process group (a crash) | start it and wait until ready
+#   hang       SIGSTOP the process group: its sockets still accept, nothing answers | SIGCONT
+#   slow       every byte from NAME waits ZLINK_FAULT_SLOW_MS (1000) and flows at
+#              ZLINK_FAULT_SLOW_KBPS (64 KB/s) | normal (needs a fault proxy in front of NAME)
+#   blackhole  connections to NAME are accepted and every byte both ways is swallowed | normal
+#   restart    a graceful stop (SIGTERM), then a start, waiting until ready: one step of a
+#              rolling restart, as an upgrade does it | nothing (it is back already)
+zl_fault() {
+  local action="$1" kind="$2" name="$3" pid
+  case "$action:$kind" in
+    fault:kill) zl_kill "$name" ;;
+    heal:kill) zl_start "$name" && zl_wait_ready "$name" ;;
+    fault:restart)
+      if [[ "$name" == nginx-frontend || "$name" == nginx-lastresort ]]; then
+        # nginx is reloaded, as an upgrade of its config is: new workers, old ones finish.
+        pid="$(zl_pid "$name")" || zl_die "$name is not running"
+        zl_render_nginx "$name" >/dev/null || zl_die "rendering $name failed"
+        kill -HUP "$pid"
+        zl_wait_ready "$name"
+      else
+        zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
+        # Behind nginx (primaries, lastresorts) a restarted server is back in rotation only
+        # once nginx's fail_timeout has passed since its last failed try, which may have come
+        # just before it was ready again: until then the next step of a rolling restart would
+        # take the last server of the pool with it (measured: 2 creates of 203 answered 503
+        # and 44 redirects went to rung 2 when the wait counted from the stop instead).
+        if [[ "$name" == primary-* || "$name" == lastresort-* ]]; then
+          local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" ready_ms now_ms
+          if [[ "$ft" == *ms ]]; then ft="${ft%ms}"; else ft=$((${ft%s} * 1000)); fi
+          ready_ms=$(($(date +%s%3N)))
+          now_ms=$ready_ms
+          while ((now_ms - ready_ms <= ft + 500)); do sleep 0.2; now_ms=$(date +%s%3N); done
+        fi
+      fi
+      ;;
+    heal:restart) zl_pid "$name" >/dev/null || { zl_start "$name" && zl_wait_ready "$name"; } ;;
+    fault:hang)
+      pid="$(zl_pid "$name")" || zl_die "$name is not running"
+      kill -STOP -- "-$pid" 2>/dev/null || kill -STOP "$pid"
+      ;;
+    heal:hang)
+      pid="$(zl_pid "$name")" || zl_die "$name is not running"
+      kill -CONT -- "-$pid" 2>/dev/null || kill -CONT "$pid"
+      zl_wait_ready "$name"
+      ;;
+    fault:slow | fault:blackhole | heal:slow | heal:blackhole)
+      zl_fault_proxies && { zl_proxied_port "$name" >/dev/null || zl_cluster_proxied "$name"; } ||
+        zl_die "$kind needs a fault proxy in front of $name (proxied: cassandra memcached s3 primary-N lastresort-N, cassandra-N kafka-N; ZLINK_FAULT_PROXIES=1)"
+      local t
+      for t in "$kind-down" "$kind-up"; do zl_toxi DELETE "/proxies/$name/toxics/$t" 2>/dev/null || true; done
+      [[ "$action" == heal ]] && return 0
+      if [[ "$kind" == slow ]]; then
+        zl_toxi POST "/proxies/$name/toxics" \
+          "{\"name\":\"slow-down\",\"type\":\"latency\",\"stream\":\"downstream\",\"attributes\":{\"latency\":${ZLINK_FAULT_SLOW_MS:-1000},\"jitter\":0}}"
+        zl_toxi POST "/proxies/$name/toxics" \
+          "{\"name\":\"slow-up\",\"type\":\"bandwidth\",\"stream\":\"downstream\",\"attributes\":{\"rate\":${ZLINK_FAULT_SLOW_KBPS:-64}}}"
+      else
+        local stream
+        for stream in down up; do
+          zl_toxi POST "/proxies/$name/toxics" \
+            "{\"name\":\"blackhole-$stream\",\"type\":\"timeout\",\"stream\":\"${stream}stream\",\"attributes\":{\"timeout\":0}}"
+        done
+      fi
+      ;;
+    fault:cut | heal:cut)
+      zl_netns || zl_die "cut needs the network-namespace mode (ZLINK_NETNS=1)"
+      local dev
+      case "$name" in
+        wan) dev="$(zl_netns_dev wan)" ;;
+        site-s3) dev="$(zl_netns_dev s3)" ;;
+        *) zl_die "cut: unknown link '$name' (wan, site-s3)" ;;
+      esac
+      if [[ "$action" == fault ]]; then
+        ip link set "$dev" down
+      else
+        ip link set "$dev" up
+        # Across the link again: the site answers the dc (wan), or reads S3 (site-s3).
+        if [[ "$name" == wan ]]; then
+          zl_wait_ready nginx-lastresort
+        else
+          zl_wait_for "the site reads S3 again" 30 ip netns exec "$ZL_NS" \
+            curl -s -o /dev/null -m 2 "http://$(zl_addr s3)/$S3_BUCKET/zlink-readiness-probe"
+        fi
+      fi
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart)" ;;
+  esac
+}
