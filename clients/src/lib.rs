@@ -26,7 +26,6 @@ pub mod ops;
 pub mod process;
 pub mod s3;
 pub mod spool;
-pub mod steer;
 pub mod trace;
 
 use std::fmt;

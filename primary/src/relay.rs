@@ -6,7 +6,7 @@
 //! - **fast path**: publish the event (idempotent producer, acks=all, keyed by slug) and delete
 //!   the row once Kafka acknowledged it — milliseconds after the change in normal operation.
 //!   An event whose partition's leader has not acknowledged it within `--kafka-reroute-after-ms`
-//!   goes to another partition (`zlink_clients::steer`: a broker its clients cannot reach may
+//!   goes to another partition (`zlink_clients::kafka::steer`: a broker its clients cannot reach may
 //!   still lead; no consumer needs the events of one slug in order);
 //! - **sweeper** (one instance at a time, under a lease): every second, rows older than
 //!   [`SWEEP_AFTER_MS`] — left by a crash, a Kafka outage or a slow fast path — are
@@ -129,7 +129,7 @@ pub struct Relay {
     producer: HealingProducer,
     topic: String,
     /// Which partition each event goes to (its slug's, unless that leader does not answer).
-    steer: zlink_clients::steer::Steer,
+    steer: zlink_clients::kafka::steer::Steer,
     reroute_after: Duration,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -156,7 +156,7 @@ impl Relay {
         let producer = HealingProducer::new(config, metrics.producer_resets.clone())?;
         Ok(Arc::new(Relay {
             producer,
-            steer: zlink_clients::steer::Steer::new(&k.links_topic, SUSPECT_FOR),
+            steer: zlink_clients::kafka::steer::Steer::new(&k.links_topic, SUSPECT_FOR),
             reroute_after: k.reroute_after,
             topic: k.links_topic.clone(),
             store,
@@ -351,7 +351,7 @@ impl Relay {
     }
 
     /// Reads the `links` partitions' leaders every [`LEADERS_EVERY`] (a metadata request on a
-    /// blocking thread) for [`zlink_clients::steer::Steer`], until shutdown.
+    /// blocking thread) for [`zlink_clients::kafka::steer::Steer`], until shutdown.
     pub async fn watch_leaders(self: Arc<Self>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(LEADERS_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

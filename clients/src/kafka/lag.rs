@@ -1,0 +1,123 @@
+//! How far a consumer, or its whole group, is behind its topic.
+
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::TopicPartitionList;
+use std::time::Duration;
+
+/// How far a consumer, or with nothing assigned to it its whole group, is behind its topic.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// Messages behind the high watermark, per partition assigned to this consumer.
+    pub lags: Vec<(i32, i64)>,
+    /// `Some(true)`: messages wait for this consumer (with nothing assigned: for its group);
+    /// `Some(false)`: none wait; `None`: Kafka did not say.
+    pub waiting: Option<bool>,
+    /// With nothing assigned: the group's committed offsets summed over the topic, so that a
+    /// group making progress on another member is not taken for stalled.
+    pub group_position: Option<i64>,
+    /// Kafka answered (a partition's watermarks or, with nothing assigned, the topic's
+    /// metadata): what readiness needs, without asking a second time.
+    pub answered: bool,
+}
+
+/// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
+/// 1-2 s each): call it from `spawn_blocking`.
+pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
+    let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
+    if assigned > 0 {
+        let lags = consumer_lag(consumer);
+        let waiting = if lags.iter().any(|(_, l)| *l > 0) {
+            Some(true)
+        } else if lags.len() == assigned {
+            Some(false)
+        } else {
+            None
+        };
+        return Backlog {
+            answered: !lags.is_empty(),
+            lags,
+            waiting,
+            group_position: None,
+        };
+    }
+    // Nothing assigned to this member: it is only stalled if its group is (a member that lost
+    // its assignment and never got one back is what a stuck consumer looked like here).
+    let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
+        return Backlog::default();
+    };
+    let answered = Backlog {
+        answered: true,
+        ..Backlog::default()
+    };
+    let mut all = TopicPartitionList::new();
+    for t in md.topics().iter().filter(|t| t.name() == topic) {
+        for p in t.partitions() {
+            all.add_partition(topic, p.id());
+        }
+    }
+    if all.count() == 0 {
+        return answered;
+    }
+    // The coordinator not answering says nothing is known (and, if it lasts, is the stall).
+    let Ok(committed) = consumer.committed_offsets(all, Duration::from_secs(2)) else {
+        return answered;
+    };
+    let (mut waiting, mut known, mut position) = (false, true, 0i64);
+    for e in committed.elements() {
+        let Ok((low, high)) =
+            consumer.fetch_watermarks(topic, e.partition(), Duration::from_secs(1))
+        else {
+            known = false;
+            continue;
+        };
+        let at = e
+            .offset()
+            .to_raw()
+            .filter(|o| *o >= 0)
+            .unwrap_or(low)
+            .max(low);
+        position += at;
+        waiting |= high > at;
+    }
+    Backlog {
+        lags: Vec::new(),
+        waiting: (waiting || known).then_some(waiting),
+        group_position: known.then_some(position),
+        answered: true,
+    }
+}
+
+/// Messages behind the high watermark, per partition assigned to `consumer`. Blocking (it asks
+/// the broker): call it from `spawn_blocking`.
+pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
+    let mut out = Vec::new();
+    let Ok(positions) = consumer.position() else {
+        return out;
+    };
+    // Before the first message of a partition arrives its position is unknown; then the
+    // committed offset is where consumption stands.
+    let committed = consumer.committed(Duration::from_secs(1)).ok();
+    for e in positions.elements() {
+        let Ok((low, high)) =
+            consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1))
+        else {
+            continue;
+        };
+        let pos = e
+            .offset()
+            .to_raw()
+            .filter(|o| *o >= 0)
+            .or_else(|| {
+                committed
+                    .as_ref()?
+                    .find_partition(e.topic(), e.partition())?
+                    .offset()
+                    .to_raw()
+                    .filter(|o| *o >= 0)
+            })
+            .unwrap_or(0);
+        // Below the low watermark is where nothing can be read (retention removed it).
+        out.push((e.partition(), (high - pos.max(low)).max(0)));
+    }
+    out
+}

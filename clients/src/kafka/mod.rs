@@ -1,0 +1,194 @@
+//! Kafka, as every zlink process uses it: the client settings all of them share (producers
+//! agree on durability, every client comes back quickly after a broker restart or leaves a hung
+//! one quickly), the consumer settings of the background services, and the cluster's health.
+//! What the clients are built from lives in the submodules: [`handle`] (a client closed on a
+//! thread of its own), [`healing`] (a producer that replaces itself), [`replaceable`] (a
+//! consumer that is replaced), [`stall`] (when a consumer has stalled), [`lag`] (how far
+//! behind it is), [`steer`] (a keyed message around a partition leader that does not answer).
+
+mod handle;
+mod healing;
+mod lag;
+mod replaceable;
+mod stall;
+pub mod steer;
+
+pub use handle::{ClosesElsewhere, ClosingConsumer};
+pub use healing::{HealingProducer, SharedProducer, RESET_AFTER_FAILURES, RESET_INTERVAL};
+pub use lag::{backlog, consumer_lag, Backlog};
+pub use replaceable::Replaceable;
+pub use stall::{Activity, Busy, StallWatch, STALL_AFTER_MAX};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+
+/// Reconnect quickly after a broker restart, and leave a hung broker quickly.
+///
+/// librdkafka's default backs off up to 10 s between attempts, which alone broke the 5 s
+/// create → S3 window after a Kafka restart; 1 s at most costs a few connection attempts per
+/// second while a broker is down.
+///
+/// A hung broker (SIGSTOP, a stalled disk) accepts connections and never answers. The cluster
+/// fences it after `broker.session.timeout.ms` (2 s in the local cluster, deploy/local/lib/cluster.sh)
+/// and moves its partitions' leadership; a client learns of the move from its metadata. By
+/// default a request to the hung broker waits 60 s (`socket.timeout.ms`) and metadata is
+/// refreshed every 5 minutes: measured on a 3-broker cluster, links created while one broker
+/// hung reached S3 after 13 s (p50) to 31 s (p99). Here a request waits at most 2 s (then the
+/// connection is dropped and metadata refreshed) and metadata is refreshed every 500 ms, so a
+/// producer and a consumer follow a new leader within half a second of its election (the
+/// price: one small metadata request per client twice a second).
+pub fn reconnect_fast(c: &mut ClientConfig) -> &mut ClientConfig {
+    c.set("reconnect.backoff.ms", "50")
+        .set("reconnect.backoff.max.ms", "1000")
+        .set("retry.backoff.ms", "50")
+        .set("retry.backoff.max.ms", "500")
+        .set("socket.timeout.ms", "2000")
+        .set("topic.metadata.refresh.interval.ms", "500")
+}
+
+/// An idempotent, `acks=all` producer: a retried send never duplicates or reorders within a
+/// partition, and an acknowledged message is on every in-sync replica.
+pub fn producer(brokers: &str, client_id: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        // How long the partition leader waits for the in-sync replicas: a hung follower is out
+        // of the ISR once fenced (2 s); meanwhile the send is answered and retried, not held.
+        .set("request.timeout.ms", "2000")
+        // Small messages: Nagle would hold them back behind delayed ACKs.
+        .set("socket.nagle.disable", "true")
+        .set("client.id", client_id);
+    reconnect_fast(&mut c);
+    c
+}
+
+/// What a cluster's metadata says of its health.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterHealth {
+    /// Brokers in the metadata (a fenced broker is not).
+    pub brokers: usize,
+    /// Partitions with fewer in-sync replicas than replicas.
+    pub under_replicated: usize,
+    /// Partitions without a leader.
+    pub offline: usize,
+}
+
+impl ClusterHealth {
+    pub fn of(md: &rdkafka::metadata::Metadata) -> Self {
+        Self::count(
+            md.brokers().len(),
+            md.topics()
+                .iter()
+                .flat_map(|t| t.partitions())
+                .map(|p| (p.leader(), p.replicas().len(), p.isr().len())),
+        )
+    }
+
+    /// From (leader, replicas, in-sync replicas) of every partition; a leader below 0 is none.
+    pub fn count(brokers: usize, partitions: impl Iterator<Item = (i32, usize, usize)>) -> Self {
+        let mut h = ClusterHealth {
+            brokers,
+            ..Default::default()
+        };
+        for (leader, replicas, isr) in partitions {
+            if leader < 0 {
+                h.offline += 1;
+            }
+            if isr < replicas {
+                h.under_replicated += 1;
+            }
+        }
+        h
+    }
+}
+
+/// Kafka topic, group and instance ids we accept: 1-249 characters of `[A-Za-z0-9._-]`.
+pub fn is_topic_name(t: &str) -> bool {
+    (1..=249).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// The consumer settings both background services share: group `group`, offsets stored by the
+/// service only after its work is durable ([`store_done`]) and auto-committed every
+/// `commit_interval_ms`, reading from the earliest offset when the group has none.
+///
+/// With an `instance_id` the member is static (`group.instance.id`): after a broker restart or
+/// its own restart it takes its partitions back at once. A dynamic member that lost its session
+/// while the broker was down rejoins as a new member, and the group waits for the old one's
+/// session to expire (10 s) before anyone consumes — measured: every link created in the 10 s
+/// after a Kafka restart reached S3 only then, outside ε.
+pub fn manual_store_consumer(
+    brokers: &str,
+    group: &str,
+    instance_id: &str,
+    commit_interval_ms: u32,
+) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", commit_interval_ms.to_string())
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "30000")
+        .set("heartbeat.interval.ms", "1000");
+    if !instance_id.is_empty() {
+        c.set("group.instance.id", instance_id);
+    }
+    reconnect_fast(&mut c);
+    c
+}
+
+/// After a receive error: whether librdkafka declared the consumer dead (a fatal error, e.g. a
+/// static member fenced by a newer member with its instance id: the consumer that replaced a
+/// stalled one, or a stalled one that came back after its replacement joined). A dead consumer
+/// never consumes again; the caller replaces it ([`Replaceable::replace`]). Nothing is
+/// lost: offsets are only ever stored after the work is durable.
+pub fn is_fatal(consumer: &StreamConsumer) -> bool {
+    match consumer.client().fatal_error() {
+        Some((code, reason)) => {
+            tracing::error!(?code, reason, "Kafka consumer failed fatally; replacing it");
+            true
+        }
+        None => false,
+    }
+}
+
+/// Marks the message at `offset` as done: the next commit makes `offset + 1` the group's
+/// position. librdkafka's `rd_kafka_offset_store` adds the 1 itself, so the message's own
+/// offset is passed (passing `offset + 1` once skipped an event per partition on every
+/// restart). A partition revoked meanwhile refuses it; its new owner redoes the work, which
+/// both services make idempotent.
+pub fn store_done(consumer: &StreamConsumer, topic: &str, partition: i32, offset: i64) {
+    if let Err(e) = consumer.store_offset(topic, partition, offset) {
+        tracing::debug!(partition, error = %e, "offset not stored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_health_counts_partitions_short_of_replicas_and_without_a_leader() {
+        // Three brokers, one fenced: its partitions lost it from the ISR; one lost its leader.
+        let parts = [(1, 3, 3), (2, 3, 2), (-1, 3, 1), (3, 1, 1)];
+        assert_eq!(
+            ClusterHealth::count(2, parts.into_iter()),
+            ClusterHealth {
+                brokers: 2,
+                under_replicated: 2,
+                offline: 1
+            }
+        );
+        assert_eq!(
+            ClusterHealth::count(1, std::iter::empty()),
+            ClusterHealth {
+                brokers: 1,
+                ..Default::default()
+            }
+        );
+    }
+}
