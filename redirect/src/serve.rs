@@ -247,16 +247,25 @@ mod tests {
         String::from_utf8(got).unwrap()
     }
 
-    #[tokio::test]
-    async fn a_connection_past_the_limit_waits_until_one_closes() {
+    /// A server on a free port answering "ok" to everything: its address, metrics, shutdown
+    /// token and task.
+    async fn ok_server(
+        max: usize,
+        drain: Duration,
+    ) -> (
+        SocketAddr,
+        ConnMetrics,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
         let registry = Registry::new();
         let metrics = ConnMetrics::register(&registry).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let conns = Connections {
-            max: 1,
-            drain: Duration::ZERO,
+            max,
+            drain,
             metrics: metrics.clone(),
         };
         let server = tokio::spawn(serve(
@@ -270,6 +279,12 @@ mod tests {
                 })
             },
         ));
+        (addr, metrics, shutdown, server)
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_limit_waits_until_one_closes() {
+        let (addr, metrics, shutdown, server) = ok_server(1, Duration::ZERO).await;
 
         let mut first = TcpStream::connect(addr).await.unwrap();
         assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
@@ -310,27 +325,7 @@ mod tests {
 
     #[tokio::test]
     async fn on_shutdown_new_connections_are_refused_and_open_ones_are_answered_then_closed() {
-        let registry = Registry::new();
-        let metrics = ConnMetrics::register(&registry).unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let conns = Connections {
-            max: 16,
-            drain: Duration::from_secs(30),
-            metrics: metrics.clone(),
-        };
-        let server = tokio::spawn(serve(
-            listener,
-            shutdown.clone(),
-            Duration::from_secs(1),
-            conns,
-            || {
-                hyper::service::service_fn(|_req| async {
-                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
-                })
-            },
-        ));
+        let (addr, _metrics, shutdown, server) = ok_server(16, Duration::from_secs(30)).await;
         let mut idle = TcpStream::connect(addr).await.unwrap();
         let a = ask(&mut idle).await;
         assert!(!a.to_ascii_lowercase().contains("connection: close"), "{a}");
