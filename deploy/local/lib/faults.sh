@@ -94,7 +94,7 @@ zl_fault() {
         if [[ "$name" == primary-* || "$name" == lastresort-* ]]; then
           local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" ready_ms now_ms
           if [[ "$ft" == *ms ]]; then ft="${ft%ms}"; else ft=$((${ft%s} * 1000)); fi
-          ready_ms=$(($(date +%s%3N)))
+          ready_ms=$(date +%s%3N)
           now_ms=$ready_ms
           while ((now_ms - ready_ms <= ft + 500)); do sleep 0.2; now_ms=$(date +%s%3N); done
         fi
