@@ -169,18 +169,17 @@ async fn a_producer_follows_the_new_leader_when_the_leader_hangs_and_nothing_dou
     };
     send(0).await.expect("first message, every broker up");
     // The partition's leader, and its broker's process (pid file of kafka-<id>).
-    let consumer: BaseConsumer = rdkafka::config::ClientConfig::new()
+    // The reader has the services' settings: without them a metadata request that lands on the
+    // hung broker waits 60 s (librdkafka's default `socket.timeout.ms`).
+    let mut config = rdkafka::config::ClientConfig::new();
+    config
         .set("bootstrap.servers", &brokers)
         .set("group.id", format!("{topic}-check"))
         .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let md = consumer
-        .fetch_metadata(Some(&topic), Duration::from_secs(10))
-        .expect("metadata");
-    let leader = md.topics()[0].partitions()[0].leader();
-    assert!(leader > 0, "partition has a leader");
+        .set("enable.auto.commit", "false");
+    zlink_clients::kafka::reconnect_fast(&mut config);
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    let leader = leader_other_than(&consumer, &topic, -1);
     let pid: i32 = std::fs::read_to_string(format!("{run}/pids/kafka-{leader}.pid"))
         .expect("leader's pid file")
         .trim()
@@ -197,14 +196,9 @@ async fn a_producer_follows_the_new_leader_when_the_leader_hangs_and_nothing_dou
     for (i, r) in futures_join(sends).await.into_iter().enumerate() {
         r.unwrap_or_else(|e| panic!("message {} not acknowledged: {e}", i + 1));
     }
-    let md = consumer
-        .fetch_metadata(Some(&topic), Duration::from_secs(10))
-        .expect("metadata");
-    let new_leader = md.topics()[0].partitions()[0].leader();
-    assert!(
-        new_leader > 0 && new_leader != leader,
-        "leadership moved off the hung broker"
-    );
+    // Leadership moved off the hung broker (a metadata request may itself land on the hung
+    // broker and time out: asked again until an answer comes or the deadline passes).
+    leader_other_than(&consumer, &topic, leader);
     drop(thaw);
     // Exactly the 51 messages, each once (idempotent producer: a retried send is not doubled).
     consumer.subscribe(&[&topic]).expect("subscribe");
@@ -225,6 +219,26 @@ async fn a_producer_follows_the_new_leader_when_the_leader_hangs_and_nothing_dou
     let distinct: BTreeSet<&String> = seen.iter().collect();
     assert_eq!(distinct.len(), 51, "every message: {seen:?}");
     assert_eq!(seen.len(), 51, "none twice: {seen:?}");
+}
+
+/// The partition's leader once the metadata names one other than `not` (and not "none"),
+/// asking for at most 30 s; panics with the last answer otherwise.
+fn leader_other_than(consumer: &BaseConsumer, topic: &str, not: i32) -> i32 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = String::from("no answer yet");
+    while std::time::Instant::now() < deadline {
+        match consumer.fetch_metadata(Some(topic), Duration::from_secs(3)) {
+            Ok(md) => {
+                let leader = md.topics()[0].partitions()[0].leader();
+                if leader > 0 && leader != not {
+                    return leader;
+                }
+                last = format!("leader {leader}");
+            }
+            Err(e) => last = format!("metadata: {e}"),
+        }
+    }
+    panic!("no partition leader other than {not} within 30 s ({last})");
 }
 
 async fn futures_join<F>(fs: Vec<F>) -> Vec<F::Output>
