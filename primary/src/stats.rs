@@ -48,9 +48,7 @@ pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
         .link_stats(&link.slug, since_day(&link))
         .await?;
     let today = day_of(state.clock.now_ms());
-    let (domain, slug) = zlink_wire::domain::split(&link.slug);
-    let mut body = stats.to_json(slug, today, RECENT_DAYS);
-    body["domain"] = serde_json::json!(domain);
+    let body = crate::views::Stats::of(&stats, &link.slug, today, RECENT_DAYS);
     Ok(json_response(StatusCode::OK, &body))
 }
 

@@ -1,8 +1,13 @@
-//! The JSON the API answers with, as OpenAPI schemas (the handlers build the same shapes with
-//! `serde_json::json!`; the e2e test `the_openapi_document_lists_exactly_the_routes_and_methods_primary_serves`
-//! compares a created link's and domain's keys with [`LinkView`] and [`DomainView`]).
+//! The JSON the API answers with, as OpenAPI schemas. [`Stats`] is built and serialized as
+//! is; the others document shapes the handlers build with `serde_json::json!` (the e2e test
+//! `the_openapi_document_lists_exactly_the_routes_and_methods_primary_serves` compares a
+//! created link's and domain's keys with [`LinkView`] and [`DomainView`]).
 
+use serde::Serialize;
+use std::collections::BTreeMap;
 use utoipa::ToSchema;
+use zlink_store::clicks::{agent_name, tier_name, LinkStats, DAY_MS};
+use zlink_wire::events::{AgentClass, Device, Tier};
 
 /// A link as the API returns it.
 #[derive(ToSchema)]
@@ -74,23 +79,138 @@ pub struct BulkResult {
 }
 
 /// Click totals: per day (last 30), per tier, agent class, device, and the top referrers,
-/// countries and cities, over every rung's clicks.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// countries and cities, over every rung's clicks. Built from the store's read model
+/// ([`Stats::of`]) and serialized as is: the schema is the body.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Stats {
     slug: String,
     /// The branded domain; `null` on the default domain.
     domain: Option<String>,
     total: i64,
+    /// Clicks by browsers.
     humans: i64,
+    /// Clicks by bots and link-preview crawlers.
     bots: i64,
-    by_agent: serde_json::Value,
-    by_tier: serde_json::Value,
-    by_device: serde_json::Value,
-    last_days: serde_json::Value,
-    top_referrers: serde_json::Value,
-    top_countries: serde_json::Value,
-    top_cities: serde_json::Value,
+    /// `browser`, `bot`, `preview` (each present, zeros included).
+    by_agent: BTreeMap<&'static str, i64>,
+    /// `primary`, `lastresort`, `lastresort-nginx` (each present, zeros included).
+    by_tier: BTreeMap<&'static str, i64>,
+    /// `desktop`, `mobile`, `tablet`, `other` (each present, zeros included).
+    by_device: BTreeMap<&'static str, i64>,
+    /// The last 30 days, oldest first, days without clicks included.
+    last_days: Vec<DayClicks>,
+    top_referrers: Vec<ReferrerClicks>,
+    top_countries: Vec<CountryClicks>,
+    top_cities: Vec<CityClicks>,
+}
+
+/// One day's clicks.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DayClicks {
+    /// `YYYY-MM-DD` (UTC).
+    date: String,
+    clicks: i64,
+}
+
+/// A referrer host (`(direct)` without one, `(other)` past the daily cap).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReferrerClicks {
+    referrer: String,
+    clicks: i64,
+}
+
+/// A country: ISO 3166 code, or `(unknown)`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CountryClicks {
+    country: String,
+    clicks: i64,
+}
+
+/// A city; `country` is `null` for `(other)` (cities past the daily cap).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CityClicks {
+    country: Option<String>,
+    city: String,
+    clicks: i64,
+}
+
+/// How many referrers, countries and cities the stats list.
+const TOP: usize = 10;
+
+impl Stats {
+    /// The stats of the link `key` (`<domain>/<slug>` or a default-domain slug) as of `today`
+    /// (days since 1970-01-01), listing the `days` days up to it.
+    pub fn of(stats: &LinkStats, key: &str, today: i32, days: i32) -> Stats {
+        let (domain, slug) = zlink_wire::domain::split(key);
+        let date = |d: i32| {
+            chrono::DateTime::from_timestamp_millis(i64::from(d) * DAY_MS)
+                .map(|t| t.format("%Y-%m-%d").to_string())
+                .unwrap_or_default()
+        };
+        let count = |m: &BTreeMap<String, i64>, name: &str| m.get(name).copied().unwrap_or(0);
+        Stats {
+            slug: slug.to_string(),
+            domain: domain.map(str::to_string),
+            total: stats.total,
+            humans: stats.humans(),
+            bots: stats.bots(),
+            by_agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview]
+                .into_iter()
+                .map(|a| (agent_name(a), count(&stats.by_agent, agent_name(a))))
+                .collect(),
+            by_tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx]
+                .into_iter()
+                .map(|t| (tier_name(t), count(&stats.by_tier, tier_name(t))))
+                .collect(),
+            by_device: [
+                Device::Desktop,
+                Device::Mobile,
+                Device::Tablet,
+                Device::Other,
+            ]
+            .into_iter()
+            .map(|d| (d.name(), count(&stats.by_device, d.name())))
+            .collect(),
+            last_days: (today - days + 1..=today)
+                .map(|d| DayClicks {
+                    date: date(d),
+                    clicks: stats.per_day.get(&d).copied().unwrap_or(0),
+                })
+                .collect(),
+            top_referrers: stats
+                .top_referrers(TOP)
+                .into_iter()
+                .map(|(r, clicks)| ReferrerClicks {
+                    referrer: r.to_string(),
+                    clicks,
+                })
+                .collect(),
+            top_countries: stats
+                .top_countries(TOP)
+                .into_iter()
+                .map(|(c, clicks)| CountryClicks {
+                    country: c.to_string(),
+                    clicks,
+                })
+                .collect(),
+            top_cities: stats
+                .top_cities(TOP)
+                .into_iter()
+                .map(|(key, clicks)| match key.split_once('/') {
+                    Some((country, city)) => CityClicks {
+                        country: Some(country.to_string()),
+                        city: city.to_string(),
+                        clicks,
+                    },
+                    None => CityClicks {
+                        country: None,
+                        city: key.to_string(),
+                        clicks,
+                    },
+                })
+                .collect(),
+        }
+    }
 }
 
 /// An API key, shown once at creation.
@@ -119,4 +239,110 @@ pub struct ErrorDetail {
 #[allow(dead_code)]
 pub struct Error {
     error: ErrorDetail,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+    use zlink_store::clicks::{DayCounts, MAX_CITIES_PER_DAY, OTHER, UNKNOWN};
+    use zlink_wire::events::ClickEvent;
+
+    fn ev(tier: Tier, agent: AgentClass, referrer: Option<&str>) -> ClickEvent {
+        ClickEvent {
+            schema: 1,
+            id: Uuid::new_v4(),
+            slug: "abc".into(),
+            at_ms: 1_700_000_000_000,
+            tier,
+            referrer: referrer.map(String::from),
+            user_agent: None,
+            agent,
+            ip_hash: String::new(),
+            device: Device::Mobile,
+            country: Some("DE".into()),
+            city: Some("Berlin".into()),
+        }
+    }
+
+    fn json(s: &LinkStats, key: &str, today: i32, days: i32) -> serde_json::Value {
+        serde_json::to_value(Stats::of(s, key, today, days)).unwrap()
+    }
+
+    #[test]
+    fn the_body_lists_every_tier_and_agent_and_each_recent_day() {
+        let mut d1 = DayCounts::default();
+        let mut d2 = DayCounts::default();
+        let a = ev(Tier::Primary, AgentClass::Browser, Some("https://a.com"));
+        let b = ev(Tier::Lastresort, AgentClass::Preview, None);
+        let c = ev(
+            Tier::LastresortNginx,
+            AgentClass::Bot,
+            Some("https://a.com"),
+        );
+        d1.add(&[&a, &b]);
+        d2.add(&[&c]);
+        let mut s = LinkStats::default();
+        s.merge_day(10, &d1.rows);
+        s.merge_day(12, &d2.rows);
+        let j = json(&s, "abc", 12, 3);
+        assert_eq!(
+            (j["slug"].as_str(), j["domain"].is_null()),
+            (Some("abc"), true)
+        );
+        assert_eq!(
+            (
+                j["total"].as_i64(),
+                j["humans"].as_i64(),
+                j["bots"].as_i64()
+            ),
+            (Some(3), Some(1), Some(2))
+        );
+        assert_eq!(j["by_tier"]["lastresort-nginx"], 1);
+        assert_eq!(j["by_agent"]["preview"], 1);
+        assert_eq!(
+            j["top_referrers"][0],
+            serde_json::json!({"referrer": "a.com", "clicks": 2})
+        );
+        let days: Vec<i64> = j["last_days"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["clicks"].as_i64().unwrap())
+            .collect();
+        assert_eq!(days, vec![2, 0, 1]);
+        assert_eq!(j["last_days"][0]["date"], "1970-01-11");
+        let branded = json(&s, "go.example/abc", 12, 3);
+        assert_eq!(
+            (branded["slug"].as_str(), branded["domain"].as_str()),
+            (Some("abc"), Some("go.example"))
+        );
+    }
+
+    #[test]
+    fn places_and_devices_are_listed_with_zeros_and_the_cap_as_other() {
+        let mut d = DayCounts::default();
+        let mut evs: Vec<ClickEvent> = (0..MAX_CITIES_PER_DAY + 3)
+            .map(|i| {
+                let mut e = ev(Tier::Primary, AgentClass::Browser, None);
+                e.city = Some(format!("City {i}"));
+                e
+            })
+            .collect();
+        let mut unknown = ev(Tier::Primary, AgentClass::Browser, None);
+        (unknown.country, unknown.city, unknown.device) = (None, None, Device::Desktop);
+        evs.push(unknown);
+        d.add(&evs.iter().collect::<Vec<_>>());
+        let mut s = LinkStats::default();
+        s.merge_day(1, &d.rows);
+        let j = json(&s, "abc", 1, 1);
+        assert_eq!(j["by_device"]["desktop"], 1);
+        assert_eq!(j["by_device"]["tablet"], 0);
+        assert_eq!(j["top_countries"][0]["country"], "DE");
+        assert_eq!(j["top_countries"][1]["country"], UNKNOWN);
+        assert_eq!(j["top_cities"].as_array().unwrap().len(), 10);
+        assert_eq!(j["top_cities"][0]["city"], OTHER);
+        assert!(j["top_cities"][0]["country"].is_null());
+        assert_eq!(j["top_cities"][1]["country"], "DE");
+    }
 }

@@ -87,8 +87,17 @@ pub fn render(status: StatusCode, code: &str, message: &str) -> Resp {
 }
 
 /// A JSON response that no cache keeps (errors, probes, API answers).
-pub fn json(status: StatusCode, body: &serde_json::Value) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T) -> Resp {
+    // Serializing fails only for a map with keys that are not strings, which no body has.
+    let (status, body) = match serde_json::to_vec(body) {
+        Ok(b) => (status, b),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            br#"{"error":{"code":"internal","message":"the answer could not be written"}}"#
+                .to_vec(),
+        ),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(

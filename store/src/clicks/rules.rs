@@ -1,0 +1,316 @@
+//! The counting rules: which count rows one click changes (per link, day and source), the
+//! caps on distinct referrers and cities, the calendar (days, months, roll-ups, lateness) and
+//! the blob a day's counts are stored as. Pure: no I/O.
+
+use std::collections::BTreeMap;
+use zlink_wire::events::{AgentClass, ClickEvent, Tier};
+
+pub const DAY_MS: i64 = 86_400_000;
+/// Distinct referrer hosts kept per link and day; the rest are counted under [`OTHER`].
+pub const MAX_REFERRERS_PER_DAY: usize = 100;
+/// Distinct cities kept per link and day (and source); the rest are counted under [`OTHER`].
+pub const MAX_CITIES_PER_DAY: usize = 100;
+pub const DIRECT: &str = "(direct)";
+pub const OTHER: &str = "(other)";
+pub const UNKNOWN: &str = "(unknown)";
+pub(super) const COUNT: &str = "c";
+pub(super) const REFERRER: &str = "r";
+/// Country: key = ISO code or [`UNKNOWN`].
+pub(super) const COUNTRY: &str = "g";
+/// City: key = `<ISO code>/<city name>`, only for clicks whose city is known.
+pub(super) const CITY: &str = "t";
+/// In a month's roll-up only: key = the day (days since 1970-01-01), n = that day's total.
+pub(super) const DAY: &str = "d";
+/// Distinct referrers and cities kept in a month's roll-up each; the rest are summed under
+/// [`OTHER`].
+pub const MAX_KEYS_PER_MONTH: usize = 500;
+/// A month is rolled up by the stats reader once its last day is this many days old.
+pub const ROLLUP_AFTER_DAYS: i32 = 3;
+/// The counter deletes the roll-up of the month of every click it counts whose day is this
+/// many days old or more. Less than [`ROLLUP_AFTER_DAYS`]: every click of a month that may have
+/// a roll-up is late, even with the counter's clock a day behind the reader's.
+pub const LATE_DAYS: i32 = 2;
+/// 2020-01-01: the counter takes no click older than this, so no stats read looks further back.
+pub const FIRST_CLICK_DAY: i32 = 18_262;
+/// [`FIRST_CLICK_DAY`] in milliseconds since 1970 (2020-01-01T00:00:00Z).
+pub const FIRST_CLICK_MS: i64 = FIRST_CLICK_DAY as i64 * DAY_MS;
+/// Partitions per day of `click_sums` (and per month of `click_index`): a batch of clicks costs
+/// one write per (day, bucket) it touches however many links it has. Part of the schema: a
+/// link's rows are found by [`bucket_of`] its slug, so changing it needs new tables.
+pub const BUCKETS: i32 = 32;
+/// The `cursors` row naming the last day that may have `click_totals` rows (written by the
+/// migration that added `click_sums`: two days after it ran if `click_totals` had rows, else
+/// -1).
+pub const LEGACY_UNTIL: &str = "click_totals_until";
+
+/// The bucket of a link's click rows: FNV-1a (32 bit) of the slug's bytes mod [`BUCKETS`]
+/// (stable across builds and platforms, unlike std's hasher).
+pub fn bucket_of(slug: &str) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in slug.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % BUCKETS as u32) as i32
+}
+
+/// A roll-up is written with a timestamp this far before its reads began, so that the
+/// counter's delete of it wins also against a reader whose clock is ahead by up to this much.
+pub const ROLLUP_CLOCK_MARGIN_US: i64 = 10_000_000;
+
+/// Days since 1970-01-01 (UTC) of a time in milliseconds.
+pub fn day_of(ms: i64) -> i32 {
+    ms.div_euclid(DAY_MS)
+        .clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+}
+
+pub fn tier_name(t: Tier) -> &'static str {
+    match t {
+        Tier::Primary => "primary",
+        Tier::Lastresort => "lastresort",
+        Tier::LastresortNginx => "lastresort-nginx",
+    }
+}
+
+pub fn agent_name(a: AgentClass) -> &'static str {
+    match a {
+        AgentClass::Browser => "browser",
+        AgentClass::Bot => "bot",
+        AgentClass::Preview => "preview",
+    }
+}
+
+/// The referrer as counted: its host, lowercased, without a leading `www.`; [`DIRECT`] when
+/// there is none, [`UNKNOWN`] when it is not an http(s) URL with a host.
+pub fn referrer_host(referrer: Option<&str>) -> String {
+    let Some(r) = referrer.map(str::trim).filter(|r| !r.is_empty()) else {
+        return DIRECT.into();
+    };
+    match url::Url::parse(r) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => match u.host_str() {
+            Some(h) if !h.is_empty() => {
+                let h = h.to_ascii_lowercase();
+                h.strip_prefix("www.").unwrap_or(&h).to_string()
+            }
+            _ => UNKNOWN.into(),
+        },
+        _ => UNKNOWN.into(),
+    }
+}
+
+/// Months since 1970-01 (UTC) of a day (days since 1970-01-01).
+pub fn month_of_day(day: i32) -> i32 {
+    use chrono::Datelike;
+    let date = chrono::DateTime::from_timestamp(i64::from(day) * 86_400, 0)
+        .map(|t| t.date_naive())
+        .unwrap_or_default();
+    (date.year() - 1970) * 12 + date.month0() as i32
+}
+
+/// The first day (days since 1970-01-01) of a month (months since 1970-01).
+pub fn first_day_of_month(month: i32) -> i32 {
+    let date = chrono::NaiveDate::from_ymd_opt(
+        1970 + month.div_euclid(12),
+        month.rem_euclid(12) as u32 + 1,
+        1,
+    )
+    .unwrap_or_default();
+    (date - chrono::DateTime::UNIX_EPOCH.date_naive()).num_days() as i32
+}
+
+/// Whether the stats reader may roll `month` up on `today`: its last day is
+/// [`ROLLUP_AFTER_DAYS`] old.
+pub fn month_closed(month: i32, today: i32) -> bool {
+    first_day_of_month(month.saturating_add(1)) - 1 <= today - ROLLUP_AFTER_DAYS
+}
+
+/// Whether the counter, on `today`, deletes the roll-up of the month of a click of `day`.
+pub fn is_late(day: i32, today: i32) -> bool {
+    day <= today - LATE_DAYS
+}
+
+/// A month's roll-up: the count rows of its days summed, each day's total as a [`DAY`] row,
+/// referrers and cities capped at [`MAX_KEYS_PER_MONTH`] each (the least clicked summed under
+/// [`OTHER`]).
+pub fn rollup<'a>(
+    days: impl IntoIterator<Item = (i32, &'a BTreeMap<RowKey, i64>)>,
+) -> BTreeMap<RowKey, i64> {
+    let mut out: BTreeMap<RowKey, i64> = BTreeMap::new();
+    for (day, rows) in days {
+        for (key, n) in rows {
+            *out.entry(key.clone()).or_insert(0) += n;
+        }
+        let total = rows
+            .get(&(COUNT.to_string(), "total".to_string()))
+            .copied()
+            .unwrap_or(0);
+        if total != 0 {
+            *out.entry((DAY.to_string(), day.to_string())).or_insert(0) += total;
+        }
+    }
+    for kind in [REFERRER, CITY] {
+        let mut keys: Vec<(String, i64)> = out
+            .iter()
+            .filter(|((k, key), _)| k == kind && key != OTHER)
+            .map(|((_, key), n)| (key.clone(), *n))
+            .collect();
+        if keys.len() <= MAX_KEYS_PER_MONTH {
+            continue;
+        }
+        keys.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (key, n) in keys.split_off(MAX_KEYS_PER_MONTH) {
+            out.remove(&(kind.to_string(), key));
+            *out.entry((kind.to_string(), OTHER.to_string()))
+                .or_insert(0) += n;
+        }
+    }
+    out
+}
+
+/// (kind, key) of a count row.
+pub type RowKey = (String, String);
+/// Count rows and their values.
+pub type Cells = BTreeMap<RowKey, i64>;
+
+/// The count rows of one (link, day) as one source counted them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DayCounts {
+    pub rows: BTreeMap<RowKey, i64>,
+}
+
+/// A count row's name in `click_totals.n`: `<kind>:<key>` (the kind is one letter, so a key
+/// with colons, e.g. an IPv6 referrer host, splits back unchanged).
+pub fn cell_name((kind, key): &RowKey) -> String {
+    format!("{kind}:{key}")
+}
+
+/// The row a `click_totals.n` name stands for; `None` for a name no rule writes.
+pub fn parse_cell(name: &str) -> Option<RowKey> {
+    let (kind, key) = name.split_once(':')?;
+    matches!(kind, COUNT | REFERRER | COUNTRY | CITY | DAY)
+        .then(|| (kind.to_string(), key.to_string()))
+}
+
+impl DayCounts {
+    /// Counts `events` (none of them counted before) and returns every row that changed with
+    /// its new value.
+    pub fn add(&mut self, events: &[&ClickEvent]) -> BTreeMap<RowKey, i64> {
+        let mut changed = BTreeMap::new();
+        for ev in events {
+            self.count_into(ev, Some(&mut changed));
+        }
+        changed
+    }
+
+    /// Counts one event (not counted before): [`DayCounts::add`] without the list of changes,
+    /// allocating only for rows it creates (the counter's hot path).
+    pub fn count(&mut self, ev: &ClickEvent) {
+        self.count_into(ev, None);
+    }
+
+    fn count_into(&mut self, ev: &ClickEvent, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
+        let referrer = referrer_host(ev.referrer.as_deref());
+        let referrer = self.capped(REFERRER, &referrer, MAX_REFERRERS_PER_DAY);
+        let country = ev.country.as_deref().unwrap_or(UNKNOWN);
+        let city = ev.city.as_ref().map(|c| format!("{country}/{c}"));
+        let city = city
+            .as_deref()
+            .map(|c| self.capped(CITY, c, MAX_CITIES_PER_DAY));
+        let rows = [
+            (COUNT, "total", ""),
+            (COUNT, "tier:", tier_name(ev.tier)),
+            (COUNT, "agent:", agent_name(ev.agent)),
+            (COUNT, "device:", ev.device.name()),
+            (REFERRER, referrer, ""),
+            (COUNTRY, country, ""),
+        ];
+        let city = city.map(|c| (CITY, c, ""));
+        // One probe key, reused: a row that exists costs a lookup, not an allocation.
+        let mut probe = (String::with_capacity(1), String::with_capacity(64));
+        for (kind, a, b) in rows.into_iter().chain(city) {
+            probe.0.clear();
+            probe.0.push_str(kind);
+            probe.1.clear();
+            probe.1.push_str(a);
+            probe.1.push_str(b);
+            let n = match self.rows.get_mut(&probe) {
+                Some(n) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    self.rows.insert(probe.clone(), 1);
+                    1
+                }
+            };
+            if let Some(changed) = changed.as_deref_mut() {
+                changed.insert(probe.clone(), n);
+            }
+        }
+    }
+
+    /// `key` if it has a row of `kind` already or there is room for one more (fewer than
+    /// `cap` of `kind` besides [`OTHER`]), else [`OTHER`].
+    fn capped<'a>(&self, kind: &str, key: &'a str, cap: usize) -> &'a str {
+        if self.rows.contains_key(&(kind.to_string(), key.to_string())) {
+            return key;
+        }
+        let distinct = self
+            .rows
+            .keys()
+            .filter(|(k, key)| k == kind && key != OTHER)
+            .count();
+        if distinct < cap {
+            key
+        } else {
+            OTHER
+        }
+    }
+
+    /// The counts as a `click_sums.n` blob: per row, `<kind>:<key>` (u16 big-endian length,
+    /// UTF-8) and its count (i64 big-endian), in row order. One cell however many rows, so a
+    /// write of it costs the store one cell, not one per row. (A name over 65,535 bytes, which
+    /// no rule makes, is left out.)
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.rows.len() * 32);
+        for ((kind, key), n) in &self.rows {
+            let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
+                continue;
+            };
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(kind.as_bytes());
+            out.push(b':');
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        out
+    }
+
+    /// The counts of a `click_sums.n` blob ([`DayCounts::encode`]); reading stops at the first
+    /// record that is cut short or not UTF-8, and names no rule writes are skipped.
+    pub fn decode(mut b: &[u8]) -> DayCounts {
+        let mut out = DayCounts::default();
+        while b.len() >= 2 {
+            let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
+            let Some(rec) = b.get(2..2 + len + 8) else {
+                break;
+            };
+            let Ok(name) = std::str::from_utf8(&rec[..len]) else {
+                break;
+            };
+            let n = i64::from_be_bytes(rec[len..].try_into().expect("8 bytes"));
+            if let Some(row) = parse_cell(name) {
+                *out.rows.entry(row).or_insert(0) += n;
+            }
+            b = &b[2 + len + 8..];
+        }
+        out
+    }
+
+    /// Adds another set of counts of the same (link, day) (another table's rows).
+    pub fn merge(&mut self, other: DayCounts) {
+        for (key, n) in other.rows {
+            *self.rows.entry(key).or_insert(0) += n;
+        }
+    }
+}
