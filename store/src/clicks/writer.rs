@@ -4,7 +4,7 @@
 //! State, kept in memory while the source stays with this process and reloaded from the store
 //! on first use: per (link, day) the absolute counts and `upto` (the offset of the newest click
 //! they include), and per minute of click time the ids already counted. A batch is decided in
-//! memory ([`SourceState::plan`]), then written: the new ids first (`click_seen`, one row per
+//! memory ([`plan`]: [`SourceState::plan`]), then written: the new ids first (`click_seen`, one row per
 //! minute and up to 2,048 ids, each with its offset), then the days new to the index
 //! (`click_index`), then every changed (link, day) as one row carrying `upto` and using it as
 //! the write timestamp (`click_sums`). Rows of one partition ((day, bucket) for the counts,
@@ -29,7 +29,10 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 use zlink_wire::events::ClickEvent;
 
-pub const MINUTE_MS: i64 = 60_000;
+mod plan;
+use plan::Key;
+pub use plan::{minute_of, Plan, SourceState, MINUTE_MS};
+
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
 const RECORD: usize = 24;
@@ -37,11 +40,6 @@ const RECORD: usize = 24;
 const SLUGS_PER_READ: usize = 100;
 /// Rows per single-partition batch of `click_sums` or `click_index` writes.
 const ROWS_PER_BATCH: usize = 128;
-
-/// Minutes since 1970-01-01 (UTC) of a time in milliseconds: the dedup index's bucket.
-pub fn minute_of(ms: i64) -> i64 {
-    ms.div_euclid(MINUTE_MS)
-}
 
 /// The name of a source: `<topic>:<partition>`.
 pub fn source_name(topic: &str, partition: i32) -> String {
@@ -68,156 +66,6 @@ impl Default for Limits {
             ids: 4_000_000,
             concurrency: 64,
             dedup_ttl_s: 45 * 86_400,
-        }
-    }
-}
-
-type Key = (String, i32);
-
-#[derive(Debug, Clone, Default)]
-struct KeyState {
-    /// Offset of the newest click included (-1: none).
-    upto: i64,
-    counts: DayCounts,
-    /// `click_days` has this (link, day).
-    listed: bool,
-    touched: u64,
-}
-
-#[derive(Debug, Default)]
-struct Bucket {
-    /// Id → the smallest offset it was counted (or tried to be counted) at.
-    ids: HashMap<Uuid, i64>,
-    touched: u64,
-}
-
-/// What one batch changes, decided in memory.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub counted: u64,
-    pub duplicates: u64,
-    pub redelivered: u64,
-    /// New ids per minute, with their offsets, in offset order.
-    pub ids: BTreeMap<i64, Vec<(i64, Uuid)>>,
-    /// Per changed (link, day): the new `upto` (its counts are in the state).
-    pub writes: BTreeMap<Key, i64>,
-}
-
-/// A source's state: what is known to be counted.
-#[derive(Debug, Default)]
-pub struct SourceState {
-    /// The offset the next batch must start at for this state to still be the truth.
-    next: Option<i64>,
-    keys: HashMap<Key, KeyState>,
-    buckets: HashMap<i64, Bucket>,
-    ids: usize,
-    clock: u64,
-}
-
-impl SourceState {
-    fn key_missing(&self, k: &Key) -> bool {
-        !self.keys.contains_key(k)
-    }
-
-    fn bucket_missing(&self, minute: i64) -> bool {
-        !self.buckets.contains_key(&minute)
-    }
-
-    fn insert_key(&mut self, k: Key, upto: i64, counts: DayCounts, listed: bool) {
-        self.keys.insert(
-            k,
-            KeyState {
-                upto,
-                counts,
-                listed,
-                touched: self.clock,
-            },
-        );
-    }
-
-    fn insert_bucket(&mut self, minute: i64, ids: HashMap<Uuid, i64>) {
-        self.ids += ids.len();
-        self.buckets.insert(
-            minute,
-            Bucket {
-                ids,
-                touched: self.clock,
-            },
-        );
-    }
-
-    /// Decides `events` (this source's, in offset order), given that the state of every
-    /// (link, day) and minute they touch is loaded. A click at an offset its (link, day)
-    /// already includes was counted by whoever wrote that; a click whose id the minute holds at
-    /// an earlier offset is a copy; anything else is counted. The same id at the same offset
-    /// is this very message, whose ids reached the index in an attempt that died before its
-    /// counts did: not a copy.
-    pub fn plan(&mut self, events: &[(i64, &ClickEvent)]) -> Plan {
-        self.clock += 1;
-        let mut plan = Plan::default();
-        for &(offset, e) in events {
-            let minute = minute_of(e.at_ms);
-            let key = (e.slug.clone(), day_of(e.at_ms));
-            let bucket = self.buckets.get_mut(&minute).expect("minute loaded");
-            bucket.touched = self.clock;
-            let ks = self.keys.get_mut(&key).expect("key loaded");
-            ks.touched = self.clock;
-            let first = match bucket.ids.get_mut(&e.id) {
-                Some(o) => {
-                    let first = *o;
-                    *o = first.min(offset);
-                    Some(first)
-                }
-                None => {
-                    bucket.ids.insert(e.id, offset);
-                    self.ids += 1;
-                    None
-                }
-            };
-            if offset <= ks.upto {
-                plan.redelivered += 1;
-                continue;
-            }
-            if first.is_some_and(|o| o < offset) {
-                plan.duplicates += 1;
-                continue;
-            }
-            ks.counts.count(e);
-            ks.upto = offset;
-            plan.writes.insert(key, offset);
-            plan.ids.entry(minute).or_default().push((offset, e.id));
-            plan.counted += 1;
-        }
-        plan
-    }
-
-    /// Drops the least recently used (link, day) states and minutes beyond the limits (down to
-    /// 90% of them), never those the last batch used.
-    fn evict(&mut self, limits: &Limits) {
-        if self.keys.len() > limits.keys {
-            let keep = limits.keys * 9 / 10;
-            let mut ages: Vec<u64> = self.keys.values().map(|k| k.touched).collect();
-            let cut = self.keys.len() - keep;
-            let (_, nth, _) = ages.select_nth_unstable(cut.saturating_sub(1));
-            let threshold = (*nth).min(self.clock - 1);
-            self.keys.retain(|_, k| k.touched > threshold);
-        }
-        if self.ids > limits.ids {
-            let mut minutes: Vec<(u64, i64, usize)> = self
-                .buckets
-                .iter()
-                .filter(|(_, b)| b.touched < self.clock)
-                .map(|(m, b)| (b.touched, *m, b.ids.len()))
-                .collect();
-            minutes.sort_unstable();
-            let keep = limits.ids * 9 / 10;
-            for (_, m, n) in minutes {
-                if self.ids <= keep {
-                    break;
-                }
-                self.buckets.remove(&m);
-                self.ids -= n;
-            }
         }
     }
 }
@@ -637,148 +485,5 @@ impl Load {
                 Ok(Loaded::Minute(minute, ids))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use zlink_wire::events::{AgentClass, Tier};
-
-    const AT: i64 = 1_700_000_000_000;
-
-    fn ev(slug: &str, at_ms: i64) -> ClickEvent {
-        ClickEvent {
-            schema: 1,
-            id: Uuid::new_v4(),
-            slug: slug.into(),
-            at_ms,
-            tier: Tier::Primary,
-            referrer: None,
-            user_agent: None,
-            agent: AgentClass::Browser,
-            ip_hash: String::new(),
-            device: Default::default(),
-            country: None,
-            city: None,
-        }
-    }
-
-    /// A state with everything `events` touch loaded as empty (a fresh store).
-    fn fresh(events: &[(i64, &ClickEvent)]) -> SourceState {
-        let mut s = SourceState::default();
-        for (_, e) in events {
-            let k = (e.slug.clone(), day_of(e.at_ms));
-            if s.key_missing(&k) {
-                s.insert_key(k, -1, DayCounts::default(), false);
-            }
-            if s.bucket_missing(minute_of(e.at_ms)) {
-                s.insert_bucket(minute_of(e.at_ms), HashMap::new());
-            }
-        }
-        s
-    }
-
-    /// The total of (slug, day of `at`) in the state, if `p` wrote it.
-    fn total(s: &SourceState, p: &Plan, slug: &str, at: i64) -> Option<i64> {
-        let key = (slug.to_string(), day_of(at));
-        p.writes.get(&key)?;
-        s.keys[&key]
-            .counts
-            .rows
-            .get(&("c".to_string(), "total".to_string()))
-            .copied()
-    }
-
-    #[test]
-    fn copies_are_ignored_and_upto_is_the_newest_offset_counted() {
-        let (a, b) = (ev("a", AT), ev("b", AT + 61_000));
-        let evs = [(10, &a), (11, &b), (12, &a), (13, &a)];
-        let mut s = fresh(&evs);
-        let p = s.plan(&evs);
-        assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
-        assert_eq!(total(&s, &p, "a", AT), Some(1));
-        assert_eq!(p.writes[&("a".to_string(), day_of(AT))], 10);
-        assert_eq!(p.writes[&("b".to_string(), day_of(AT))], 11);
-        // Two minutes, one new id each.
-        assert_eq!(p.ids.len(), 2);
-        assert_eq!(p.ids[&minute_of(AT)], vec![(10, a.id)]);
-    }
-
-    #[test]
-    fn a_redelivered_batch_counts_nothing_and_later_copies_stay_copies() {
-        let (a, b) = (ev("a", AT), ev("a", AT + 1));
-        let evs = [(5, &a), (6, &b)];
-        let mut s = fresh(&evs);
-        assert_eq!(s.plan(&evs).counted, 2);
-        // A successor that read upto = 6 from the store and the ids from the index.
-        let again = s.plan(&evs);
-        assert_eq!((again.counted, again.redelivered), (0, 2));
-        assert!(again.writes.is_empty() && again.ids.is_empty());
-        let later = s.plan(&[(9, &a)]);
-        assert_eq!((later.counted, later.duplicates), (0, 1));
-    }
-
-    #[test]
-    fn a_successor_that_only_saw_upto_still_learns_the_ids_from_the_stream() {
-        // The predecessor counted offsets 0..=1 and wrote upto = 1, but this process loaded the
-        // minute before the predecessor's ids reached the index.
-        let a = ev("a", AT);
-        let mut s = fresh(&[(0, &a)]);
-        s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 1;
-        s.keys
-            .get_mut(&("a".to_string(), day_of(AT)))
-            .unwrap()
-            .counts = {
-            let mut d = DayCounts::default();
-            d.add(&[&a]);
-            d
-        };
-        let p = s.plan(&[(0, &a), (3, &a)]);
-        assert_eq!((p.counted, p.redelivered, p.duplicates), (0, 1, 1));
-    }
-
-    #[test]
-    fn ids_left_by_an_attempt_that_died_before_its_counts_are_not_copies() {
-        // The index has a@4 and b@5 (written, then the process died before the counts); the
-        // (link, day) still says upto = 3.
-        let (a, b) = (ev("a", AT), ev("a", AT + 2));
-        let mut s = fresh(&[(4, &a)]);
-        let bucket = s.buckets.get_mut(&minute_of(AT)).unwrap();
-        bucket.ids.insert(a.id, 4);
-        bucket.ids.insert(b.id, 5);
-        s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 3;
-        let p = s.plan(&[(4, &a), (5, &b), (6, &a), (7, &b)]);
-        assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
-        assert_eq!(total(&s, &p, "a", AT), Some(2));
-    }
-
-    #[test]
-    fn eviction_keeps_what_the_last_batch_used() {
-        let limits = Limits {
-            keys: 10,
-            ids: 10,
-            ..Limits::default()
-        };
-        let old: Vec<ClickEvent> = (0..20)
-            .map(|i| ev(&format!("s{i}"), AT + i * MINUTE_MS))
-            .collect();
-        let refs: Vec<(i64, &ClickEvent)> = (0..).zip(old.iter()).collect();
-        let mut s = fresh(&refs);
-        s.plan(&refs);
-        let recent = ev("s19", AT + 19 * MINUTE_MS);
-        let refs = [(20, &recent)];
-        s.plan(&refs);
-        s.evict(&limits);
-        assert!(s.keys.len() <= 10, "{}", s.keys.len());
-        assert!(s.ids <= 10, "{}", s.ids);
-        assert!(s
-            .keys
-            .contains_key(&("s19".to_string(), day_of(recent.at_ms))));
-        assert!(s.buckets.contains_key(&minute_of(recent.at_ms)));
-        assert_eq!(
-            s.ids,
-            s.buckets.values().map(|b| b.ids.len()).sum::<usize>()
-        );
     }
 }
