@@ -31,8 +31,6 @@ pub enum Command {
         #[arg(long, env = "ZLINK_REPLICATION_FACTOR", default_value_t = 1)]
         replication_factor: u32,
     },
-    /// Count click events from Kafka into per-link aggregates, exactly once (component `clicks`).
-    CountClicks(Box<crate::counter::CountConfig>),
     /// Create an API key and print it once (only its hash is stored).
     CreateKey {
         #[command(flatten)]

@@ -25,7 +25,6 @@
 //! - [`relay`]: link events to Kafka through the outbox; the expiry scheduler.
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
-//! - [`counter`]: the click counter (`primary count-clicks`): `clicks` topic → aggregates.
 //!
 //! The store (schema, statements, click aggregates) is the `zlink-store` crate; clients, the
 //! clock and the background services' ops endpoint are in `zlink-clients`.
@@ -36,7 +35,6 @@ pub mod auth;
 pub mod bulk;
 pub mod cache;
 pub mod config;
-pub mod counter;
 pub mod domains;
 pub mod error;
 pub mod events;

@@ -1,7 +1,6 @@
 use anyhow::{bail, Context};
 use clap::Parser;
 use primary::config::{Cli, Command, ServeConfig};
-use primary::counter::{CountConfig, Counter};
 use primary::{auth, App};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,25 +30,6 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn count_clicks(cfg: CountConfig) -> anyhow::Result<()> {
-    if let Err(e) = cfg.validate() {
-        bail!("invalid configuration: {e}");
-    }
-    let shutdown = shutdown_on_signals();
-    let db = connect_store(&cfg.store, Duration::from_secs(60))
-        .await
-        .context("connecting to the store")?;
-    let counter = Counter::new(&cfg, Arc::new(db))
-        .await
-        .context("starting the click counter")?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("binding {}", cfg.listen))?;
-    tracing::info!(listen = %cfg.listen, topic = %cfg.clicks_topic, group = %cfg.group_id, "click counter running");
-    counter.run(listener, shutdown).await;
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     init_tracing();
     let command = Cli::parse().command;
@@ -65,7 +45,6 @@ fn main() -> anyhow::Result<()> {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(cfg) => serve(*cfg).await,
-        Command::CountClicks(cfg) => count_clicks(*cfg).await,
         Command::Migrate {
             store: cfg,
             replication_factor,

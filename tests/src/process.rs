@@ -119,7 +119,7 @@ impl ServiceProcess {
         (argv, spool)
     }
 
-    /// `primary count-clicks` over `keyspace`, consuming `topic` as consumer group `group`.
+    /// `counter run` over `keyspace`, consuming `topic` as consumer group `group`.
     pub fn counter(
         infra: &Infra,
         brokers: &str,
@@ -129,7 +129,7 @@ impl ServiceProcess {
         extra: &[&str],
     ) -> Self {
         let mut argv: Vec<String> = [
-            "count-clicks",
+            "run",
             "--kafka",
             brokers,
             "--clicks-topic",
@@ -147,7 +147,7 @@ impl ServiceProcess {
         .map(|s| s.to_string())
         .collect();
         argv.extend(extra.iter().map(|s| s.to_string()));
-        Self::start("primary", &argv, None)
+        Self::start("counter", &argv, None)
     }
 
     pub fn url(&self, path: &str) -> String {

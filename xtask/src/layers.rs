@@ -30,6 +30,8 @@ pub const ALLOWED: &[(&str, &[&str])] = &[
         "replicator",
         &["zlink-wire", "zlink-clients", "zlink-store"],
     ),
+    // Not primary: the counter's image ships no API.
+    ("counter", &["zlink-wire", "zlink-clients", "zlink-store"]),
     // S3 and Kafka only: nothing of primary's, no store (invariant 8).
     (
         "lastresort",

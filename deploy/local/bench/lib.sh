@@ -70,17 +70,17 @@ bench_topic_delete() {
   zl_kafka_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$ZLINK_KAFKA" \
     --delete --if-exists --topic "$topic" >>"$work/kafka-topics.log" 2>&1 || true
 }
-# bench_counter_start PIDFILE LOG TOPIC GROUP [PRIMARY_BIN [OPTION...]]: a click counter
+# bench_counter_start PIDFILE LOG TOPIC GROUP [COUNTER_BIN [OPTION...]]: a click counter
 # counting TOPIC as GROUP on the bench-counter port, in the background, a child of the calling
 # shell (so it can be waited for), its pid in PIDFILE before anything can fail (so a cleanup
 # finds it); returns once it is ready, non-zero if it was not within 60 s.
 bench_counter_start() {
-  local pidfile="$1" log="$2" topic="$3" group="$4" bin="${5:-$(zl_bin primary)}"
+  local pidfile="$1" log="$2" topic="$3" group="$4" bin="${5:-$(zl_bin counter)}"
   local args=("${@:6}")
   (
     zl_primary_env
     export RUST_LOG=warn
-    exec "$bin" count-clicks --listen "127.0.0.1:$(zl_port bench-counter)" \
+    exec "$bin" run --listen "127.0.0.1:$(zl_port bench-counter)" \
       --group-id "$group" --clicks-topic "$topic" "${args[@]}"
   ) >"$log" 2>&1 &
   echo $! >"$pidfile"

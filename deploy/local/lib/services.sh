@@ -72,7 +72,7 @@ zl_start_clicks() {
   (
     zl_primary_env
     export RUST_LOG="${RUST_LOG:-info}"
-    zl_spawn clicks "$(zl_bin primary)" count-clicks --listen "127.0.0.1:$(zl_port clicks)" \
+    zl_spawn clicks "$(zl_bin counter)" run --listen "127.0.0.1:$(zl_port clicks)" \
       --group-instance-id clicks
   )
 }

@@ -1,4 +1,4 @@
-//! The click counter (`primary count-clicks`, component `clicks`): consumes the `clicks` topic
+//! The click counter (binary `counter`, component `clicks`): consumes the `clicks` topic
 //! and keeps per-link aggregates in ScyllaDB, counting every event exactly once.
 //!
 //! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), split
@@ -9,207 +9,33 @@
 //! again changes nothing. A consumer that stalls (clicks wait, none arrive, no batch is being
 //! counted) is replaced by a fresh one ([`kafka::StallWatch`]), and the sources start over.
 
-use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+//!
+//! Modules: [`config`] (its command line), [`metrics`] (`zlink_clicks_*`); the loop is here.
+//! Shaped like the replicator: a crate and a binary of its own, depending on the store, the
+//! clients and the wire format, never on `primary`.
+
+pub mod config;
+pub mod metrics;
+
+pub use config::CountConfig;
+pub use metrics::CounterMetrics;
+
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use zlink_clients::backoff::Backoff;
 use zlink_clients::kafka;
-use zlink_clients::kafka::{is_topic_name, Activity, ClosingConsumer, Replaceable, StallWatch};
+use zlink_clients::kafka::{Activity, ClosingConsumer, Replaceable, StallWatch};
 use zlink_clients::now_ms;
 use zlink_clients::ops::Ops;
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
 use zlink_store::clicks::{ClickStore, Counted, FIRST_CLICK_MS};
-use zlink_store::StoreConfig;
 use zlink_store::{Db, StoreError};
 use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct CountConfig {
-    /// Address of /healthz, /readyz and /metrics.
-    #[arg(long, env = "ZLINK_LISTEN", default_value = "127.0.0.1:8086")]
-    pub listen: SocketAddr,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "ZLINK_KAFKA", default_value = "127.0.0.1:9092")]
-    pub kafka: String,
-    /// Consumer group of all counter instances.
-    #[arg(long, env = "ZLINK_CLICKS_GROUP", default_value = "zlink-clicks")]
-    pub group_id: String,
-    /// Static group membership: an id unique to this instance and stable across its restarts
-    /// (e.g. the pod name), so it gets its partitions back at once after a restart of its own
-    /// or of Kafka. Empty: a dynamic member (rejoining waits out the old session, 10 s).
-    #[arg(long, env = "ZLINK_GROUP_INSTANCE_ID", default_value = "")]
-    pub group_instance_id: String,
-    #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
-    pub clicks_topic: String,
-    /// How long the ids of counted events are remembered, in days: a copy of an event that
-    /// arrives later than this after the first is counted again.
-    #[arg(long, env = "ZLINK_CLICKS_DEDUP_DAYS", default_value_t = 45)]
-    pub dedup_days: u32,
-    /// Most messages per batch. Large batches are cheap: a batch's writes are one per (day,
-    /// bucket) partition it touches. A batch's decoded clicks are held until it is counted
-    /// (a few hundred bytes each: some MiB at 20,000).
-    #[arg(long, default_value_t = 20_000)]
-    pub batch_max: usize,
-    /// How long a batch waits for more messages after its first, milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub batch_wait_ms: u64,
-    /// Store round trips in flight at once, per source (partition of the topic).
-    #[arg(long, default_value_t = 64)]
-    pub concurrency: usize,
-    /// (link, day) states kept in memory between batches, shared out among the sources (about
-    /// 0.5 KiB each); beyond it the least recently used are dropped and read again when needed.
-    #[arg(long, env = "ZLINK_CLICKS_KEY_CACHE", default_value_t = 200_000)]
-    pub key_cache: usize,
-    /// Ids of counted clicks kept in memory, shared out among the sources (about 40 bytes each),
-    /// a minute of click time at a time; beyond it the least recently used minutes are dropped
-    /// and read again.
-    #[arg(long, env = "ZLINK_CLICKS_ID_CACHE", default_value_t = 2_000_000)]
-    pub id_cache: usize,
-    /// Seconds the consumer may go without progress while clicks wait (or Kafka does not say)
-    /// before it is replaced by a fresh one; doubling, up to 300 s, while it stays stalled.
-    /// Longer than the group session (30 s), so a rebalance that waits out a departed member's
-    /// session is not taken for a stall.
-    #[arg(long, env = "ZLINK_CONSUMER_STALL_SECS", default_value_t = 45)]
-    pub consumer_stall_secs: u64,
-    /// Fault injection for tests and drills: abort the process after the N-th batch was counted
-    /// and before its offsets are stored (a crash at the worst moment).
-    #[arg(long, hide = true)]
-    pub failpoint_abort_after_batches: Option<u64>,
-    #[command(flatten)]
-    pub store: StoreConfig,
-}
-
-impl CountConfig {
-    pub fn validate(&self) -> Result<(), String> {
-        self.store.validate()?;
-        if self.kafka.trim().is_empty() {
-            return Err("--kafka is required".into());
-        }
-        if !self.group_instance_id.is_empty() && !is_topic_name(&self.group_instance_id) {
-            return Err("--group-instance-id must be 1-249 characters of [A-Za-z0-9._-]".into());
-        }
-        if !is_topic_name(&self.clicks_topic) || !is_topic_name(&self.group_id) {
-            return Err(
-                "--clicks-topic and --group-id must be 1-249 characters of [A-Za-z0-9._-]".into(),
-            );
-        }
-        if !(1..=3650).contains(&self.dedup_days) {
-            return Err("--dedup-days must be between 1 and 3650".into());
-        }
-        if !(1..=100_000).contains(&self.batch_max) {
-            return Err("--batch-max must be between 1 and 100000".into());
-        }
-        if self.batch_wait_ms > 10_000 {
-            return Err("--batch-wait-ms must be at most 10000".into());
-        }
-        if !(5..=3600).contains(&self.consumer_stall_secs) {
-            return Err("--consumer-stall-secs must be between 5 and 3600".into());
-        }
-        if !(1..=256).contains(&self.concurrency) {
-            return Err("--concurrency must be between 1 and 256".into());
-        }
-        if !(1_000..=100_000_000).contains(&self.key_cache)
-            || !(10_000..=1_000_000_000).contains(&self.id_cache)
-        {
-            return Err(
-                "--key-cache must be between 1000 and 1e8, --id-cache between 10000 and 1e9".into(),
-            );
-        }
-        Ok(())
-    }
-}
-
-pub struct CounterMetrics {
-    registry: Registry,
-    /// Events by outcome: counted, duplicate (a copy of a counted click), redelivered (an
-    /// offset already counted), invalid (skipped).
-    pub events: IntCounterVec,
-    pub batches: IntCounter,
-    /// What the sources hold in memory: `keys` ((link, day) states), `ids`.
-    pub held: IntGaugeVec,
-    /// Failed store round trips (retried).
-    pub store_errors: IntCounter,
-    /// From the click to its count being stored, seconds (stats freshness).
-    pub click_to_count_seconds: Histogram,
-    pub consumer_lag: IntGaugeVec,
-    /// Consumers replaced because they stalled ([`kafka::StallWatch`]).
-    pub consumer_resets: IntCounter,
-}
-
-impl CounterMetrics {
-    pub fn new() -> Self {
-        let registry =
-            Registry::new_custom(Some("zlink_clicks".into()), None).expect("valid prefix");
-        let events = IntCounterVec::new(
-            Opts::new("events_total", "Click events by outcome"),
-            &["outcome"],
-        )
-        .expect("metric");
-        let batches = IntCounter::new("batches_total", "Batches counted").expect("metric");
-        let held = IntGaugeVec::new(
-            Opts::new("held", "State held in memory by the counter's sources"),
-            &["what"],
-        )
-        .expect("metric");
-        let store_errors =
-            IntCounter::new("store_errors_total", "Failed store round trips").expect("metric");
-        let click_to_count_seconds = Histogram::with_opts(
-            HistogramOpts::new("click_to_count_seconds", "Click to counted").buckets(vec![
-                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
-            ]),
-        )
-        .expect("metric");
-        let consumer_lag = IntGaugeVec::new(
-            Opts::new("consumer_lag", "Messages not yet consumed, per partition"),
-            &["partition"],
-        )
-        .expect("metric");
-        let consumer_resets = IntCounter::new(
-            "consumer_resets_total",
-            "Kafka consumers replaced because they stalled",
-        )
-        .expect("metric");
-        for c in [
-            Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(consumer_resets.clone()),
-            Box::new(batches.clone()),
-            Box::new(held.clone()),
-            Box::new(store_errors.clone()),
-            Box::new(click_to_count_seconds.clone()),
-            Box::new(consumer_lag.clone()),
-        ] {
-            registry.register(c).expect("registered once");
-        }
-        CounterMetrics {
-            registry,
-            events,
-            batches,
-            held,
-            store_errors,
-            click_to_count_seconds,
-            consumer_lag,
-            consumer_resets,
-        }
-    }
-
-    pub fn render(&self) -> Vec<u8> {
-        zlink_clients::ops::render(&self.registry)
-    }
-}
-
-impl Default for CounterMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// How long a source's state is kept without a batch for it.
 const SOURCE_IDLE: Duration = Duration::from_secs(300);
