@@ -2,18 +2,19 @@
 
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
+use crate::body::{idempotency_key, read_json};
 use crate::error::Resp;
 use crate::error::{json_response, ApiError};
-use chrono::{DateTime, SecondsFormat, Utc};
-use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use crate::events::link_event;
+use crate::views::LinkView;
+use chrono::DateTime;
+use http::{HeaderValue, Request, StatusCode};
 use hyper::body::Incoming;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use zlink_store::outbox::OutboxRow;
 use zlink_store::{DisabledBy, Link};
-use zlink_wire::events::{LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
+use zlink_wire::events::LinkEventKind;
 use zlink_wire::{link, longurl, slug, LinkStatus};
 
 /// Links may not expire further out than this (CQL timestamps and sanity).
@@ -87,109 +88,9 @@ enum Change {
     },
 }
 
-/// The status a reader sees: a link past its expiry is EXPIRED whatever the row says, unless
-/// it was deleted.
-pub fn effective_status(status: LinkStatus, expires_at_ms: Option<i64>, now_ms: i64) -> LinkStatus {
-    match expires_at_ms {
-        Some(exp) if exp <= now_ms && status != LinkStatus::Deleted => LinkStatus::Expired,
-        _ => status,
-    }
-}
-
-pub(crate) fn rfc3339(ms: i64) -> String {
-    DateTime::<Utc>::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
-        .unwrap_or_default()
-}
-
-pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> serde_json::Value {
-    let (domain, slug) = zlink_wire::domain::split(&l.slug);
-    serde_json::json!({
-        "slug": slug,
-        // null: the default domain.
-        "domain": domain,
-        "short_url": state.short_url(&l.slug),
-        "url": l.url,
-        "status": effective_status(l.status, l.expires_at_ms, now_ms),
-        "created_at": rfc3339(l.created_at_ms),
-        "expires_at": l.expires_at_ms.map(rfc3339),
-        "redirect_code": l.redirect_code,
-        "owner": l.owner,
-        "version": l.version,
-        // Whose disable this is: "admin" is a takedown, which only an admin can undo.
-        "disabled_by": l.disabled_by.as_ref().map(|d| if d.admin { "admin" } else { "owner" }),
-        "alias": l.alias,
-    })
-}
-
-/// The `links` event announcing that `l` is now in its current state.
-pub fn link_event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
-    LinkEvent {
-        schema: LINK_EVENT_SCHEMA,
-        kind,
-        slug: l.slug.clone(),
-        url: l.url.clone(),
-        status: l.status,
-        version: l.version,
-        redirect_code: l.redirect_code,
-        created_at_ms: l.created_at_ms,
-        expires_at_ms: l.expires_at_ms,
-        at_ms: now_ms,
-    }
-}
-
-/// Reads a JSON body: Content-Type checked, size capped while reading, unknown fields refused.
-pub(crate) async fn read_json<T: DeserializeOwned>(
-    req: Request<Incoming>,
-    max: usize,
-) -> Result<T, ApiError> {
-    let is_json = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return Err(ApiError::UnsupportedMediaType);
-    }
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
-        return Err(ApiError::PayloadTooLarge(max));
-    }
-    let bytes = match Limited::new(req.into_body(), max).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::PayloadTooLarge(max))
-        }
-        Err(_) => {
-            return Err(ApiError::BadRequest(
-                "could not read the request body".into(),
-            ))
-        }
-    };
-    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => ApiError::Invalid("invalid_request", e.to_string()),
-        _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
-    })
-}
-
-pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    match v.to_str() {
-        Ok(k) if (1..=255).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic()) => {
-            Ok(Some(k.to_string()))
-        }
-        _ => Err(ApiError::Invalid(
-            "invalid_idempotency_key",
-            "Idempotency-Key must be 1-255 visible ASCII characters".into(),
-        )),
-    }
+/// A link as the API answers it (on the frontend's or its branded domain's short URL).
+pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> LinkView {
+    LinkView::of(state.short_url(&l.slug), l, now_ms)
 }
 
 fn sha256_hex(parts: &[&str]) -> String {
@@ -544,7 +445,7 @@ async fn patch_status(
     };
     // A linearizable read, so the compare-and-set below starts from the latest version.
     let link = load_managed(state, &principal, slug, true).await?;
-    let current = effective_status(link.status, link.expires_at_ms, now);
+    let current = link.status.effective(link.expires_at_ms, now);
     if !current.can_become(to) {
         return Err(ApiError::Conflict(
             "invalid_transition",
@@ -631,7 +532,7 @@ fn target_values(
 /// Only an ACTIVE or DISABLED link gets a new destination or expiry, and a taken-down one only
 /// from an admin.
 fn may_retarget(link: &Link, principal: &Principal, now: i64) -> Result<(), ApiError> {
-    let current = effective_status(link.status, link.expires_at_ms, now);
+    let current = link.status.effective(link.expires_at_ms, now);
     if !matches!(current, LinkStatus::Active | LinkStatus::Disabled) {
         return Err(ApiError::Conflict(
             "invalid_transition",
@@ -797,30 +698,6 @@ async fn change(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn effective_status_applies_expiry() {
-        assert_eq!(
-            effective_status(LinkStatus::Active, None, 10),
-            LinkStatus::Active
-        );
-        assert_eq!(
-            effective_status(LinkStatus::Active, Some(11), 10),
-            LinkStatus::Active
-        );
-        assert_eq!(
-            effective_status(LinkStatus::Active, Some(10), 10),
-            LinkStatus::Expired
-        );
-        assert_eq!(
-            effective_status(LinkStatus::Disabled, Some(5), 10),
-            LinkStatus::Expired
-        );
-        assert_eq!(
-            effective_status(LinkStatus::Deleted, Some(5), 10),
-            LinkStatus::Deleted
-        );
-    }
 
     #[test]
     fn expiry_must_be_future_rfc3339() {

@@ -5,9 +5,10 @@
 //! under the key `<key>#<i>`: retrying the whole request returns the same links (replays),
 //! and creates only what the first attempt did not.
 
-use crate::api::{create_link, idempotency_key, link_json, read_json, CreateRequest, Created};
+use crate::api::{create_link, link_json, CreateRequest, Created};
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
+use crate::body::{idempotency_key, read_json};
 use crate::error::{json_response, ApiError, Resp};
 use futures_util::stream::{self, StreamExt};
 use http::{Request, StatusCode};

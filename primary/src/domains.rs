@@ -6,9 +6,11 @@
 //! `--branded-domains-allowed`; otherwise PENDING until an admin approves it. Links exist only on
 //! active domains; the redirect path never reads this table (a link's key carries its domain).
 
-use crate::api::{read_json, rfc3339, writer};
+use crate::api::writer;
 use crate::app::AppState;
+use crate::body::read_json;
 use crate::error::{json_response, ApiError, Resp};
+use crate::views::rfc3339;
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;

@@ -8,7 +8,8 @@ use crate::metrics::Metrics;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
+use zlink_store::Link;
+use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 
 pub trait EventSink: Send + Sync + 'static {
     /// True if this sink drains the outbox: handlers then write an outbox row
@@ -24,6 +25,22 @@ pub trait EventSink: Send + Sync + 'static {
     /// Graceful shutdown, after requests drained: flush what is buffered.
     fn close(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async {})
+    }
+}
+
+/// The `links` event announcing that `l` is now in its current state.
+pub fn link_event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
+    LinkEvent {
+        schema: LINK_EVENT_SCHEMA,
+        kind,
+        slug: l.slug.clone(),
+        url: l.url.clone(),
+        status: l.status,
+        version: l.version,
+        redirect_code: l.redirect_code,
+        created_at_ms: l.created_at_ms,
+        expires_at_ms: l.expires_at_ms,
+        at_ms: now_ms,
     }
 }
 

@@ -3,11 +3,13 @@
 //! within [`crate::auth::KEY_CACHE_TTL`] on every other. `primary create-key` stays for the
 //! first admin key.
 
-use crate::api::{read_json, rfc3339, writer};
+use crate::api::writer;
 use crate::app::AppState;
 use crate::auth::{generate_key, hash_key, is_key_id, validate_owner, Principal};
+use crate::body::read_json;
 use crate::error::Resp;
 use crate::error::{json_response, ApiError};
+use crate::views::rfc3339;
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;

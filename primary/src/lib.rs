@@ -5,12 +5,13 @@
 //! - [`http`]: route table, middleware (deadline + request metrics), accept loop, graceful drain.
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
+//! - [`body`]: request bodies (JSON, size cap) and the `Idempotency-Key` header.
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
 //! - [`domains`]: branded domains' API (register, list, approve).
 //! - [`hosts`]: the domain a request, route or create names; whether a host is one of ours.
 //! - [`openapi`]: the OpenAPI 3.1 document of every route (`GET /api/v1/openapi.json`).
-//! - [`views`]: the API's JSON answers as OpenAPI schemas.
+//! - [`views`]: the API's JSON answers (`Serialize` types) and their OpenAPI schemas.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`qr`]: `GET /api/v1/links/{slug}/qr`, the short URL as a QR code (SVG or PNG).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
@@ -21,7 +22,8 @@
 //! - [`auth`]: API keys (hashed at rest) and bearer authentication.
 //! - [`keys`]: `POST /api/v1/keys`, `DELETE /api/v1/keys/{id}` (admin).
 //! - [`limits`]: rate limits (token buckets per API key and per client address).
-//! - [`events`]: the seam where link and click events leave the process.
+//! - [`events`]: the seam where link and click events leave the process, and the link event
+//!   a change announces.
 //! - [`relay`]: link events to Kafka through the outbox; the expiry scheduler.
 //! - [`metrics`]: Prometheus metrics, one registry, typed handles.
 //! - [`error`]: API errors and their single mapping to status + JSON.
@@ -32,6 +34,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod body;
 pub mod bulk;
 pub mod cache;
 pub mod config;

@@ -11,7 +11,7 @@
 //! the owner's list, bounded like any filter). `domain=` keeps the links on that branded domain
 //! (one of the default domain's names: the default domain's links).
 
-use crate::api::{effective_status, link_json, writer};
+use crate::api::{link_json, writer};
 use crate::app::AppState;
 use crate::error::{json_response, ApiError, Resp};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -189,7 +189,7 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
                 if link.owner != owner || link.created_at_ms != entry.created_at_ms {
                     continue;
                 }
-                let status = effective_status(link.status, link.expires_at_ms, now);
+                let status = link.status.effective(link.expires_at_ms, now);
                 let wanted = match q.status {
                     Some(s) => status == s,
                     // Deleted links only when asked for.
@@ -246,7 +246,8 @@ async fn read_links(
 }
 
 fn page_response(state: &AppState, links: &[Link], next: Option<&ListPosition>, now: i64) -> Resp {
-    let items: Vec<serde_json::Value> = links.iter().map(|l| link_json(state, l, now)).collect();
+    let items: Vec<crate::views::LinkView> =
+        links.iter().map(|l| link_json(state, l, now)).collect();
     json_response(
         StatusCode::OK,
         &serde_json::json!({

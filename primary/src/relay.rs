@@ -18,7 +18,7 @@
 //! harmless: events carry the link version and the replicator applies only newer versions.
 //! The same leased loop runs the expiry scheduler.
 
-use crate::api::link_event;
+use crate::events::link_event;
 use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
 use crate::store::Store;

@@ -1,7 +1,7 @@
 //! Reading click stats: `GET /api/v1/links/{slug}/stats` (owner or admin key) and the public
 //! info page `GET /{slug}+` (destination, creation date, click count; no click recorded).
 
-use crate::api::{effective_status, load_managed};
+use crate::api::load_managed;
 use crate::app::{AppState, Limit};
 use crate::error::Resp;
 use crate::error::{json_response, ApiError};
@@ -70,7 +70,7 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
         .await?
         .ok_or(ApiError::NotFound)?;
     let now = state.clock.now_ms();
-    if effective_status(link.status, link.expires_at_ms, now) != LinkStatus::Active {
+    if link.status.effective(link.expires_at_ms, now) != LinkStatus::Active {
         return Err(ApiError::Gone);
     }
     // Public and unauthenticated: the total is cached for a few seconds so a flood of info

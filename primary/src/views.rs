@@ -1,17 +1,20 @@
-//! The JSON the API answers with, as OpenAPI schemas. [`Stats`] is built and serialized as
-//! is; the others document shapes the handlers build with `serde_json::json!` (the e2e test
+//! The JSON the API answers with, as OpenAPI schemas. [`LinkView`] and [`Stats`] are built
+//! and serialized as they are documented; the others document shapes the handlers build with
+//! `serde_json::json!` (the e2e test
 //! `the_openapi_document_lists_exactly_the_routes_and_methods_primary_serves` compares a
 //! created link's and domain's keys with [`LinkView`] and [`DomainView`]).
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 use zlink_store::clicks::{agent_name, tier_name, LinkStats, DAY_MS};
+use zlink_store::Link;
 use zlink_wire::events::{AgentClass, Device, Tier};
+use zlink_wire::LinkStatus;
 
 /// A link as the API returns it.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LinkView {
     /// The slug (the path segment after the domain).
     slug: String,
@@ -19,16 +22,50 @@ pub struct LinkView {
     domain: Option<String>,
     short_url: String,
     url: String,
-    /// ACTIVE, DISABLED, EXPIRED or DELETED.
-    status: String,
+    /// ACTIVE, DISABLED, EXPIRED or DELETED: the effective status (a link past its expiry is
+    /// EXPIRED whatever was stored).
+    #[schema(value_type = String)]
+    status: LinkStatus,
     created_at: String,
     expires_at: Option<String>,
     redirect_code: u16,
     owner: String,
     version: i64,
     /// `admin` (a takedown) or `owner`, while DISABLED.
-    disabled_by: Option<String>,
+    disabled_by: Option<&'static str>,
     alias: Option<String>,
+}
+
+impl LinkView {
+    /// `l` as of `now_ms`, answered under `short_url`.
+    pub fn of(short_url: String, l: &Link, now_ms: i64) -> LinkView {
+        let (domain, slug) = zlink_wire::domain::split(&l.slug);
+        LinkView {
+            slug: slug.to_string(),
+            domain: domain.map(str::to_string),
+            short_url,
+            url: l.url.clone(),
+            status: l.status.effective(l.expires_at_ms, now_ms),
+            created_at: rfc3339(l.created_at_ms),
+            expires_at: l.expires_at_ms.map(rfc3339),
+            redirect_code: l.redirect_code,
+            owner: l.owner.clone(),
+            version: l.version,
+            // Whose disable this is: "admin" is a takedown, which only an admin can undo.
+            disabled_by: l
+                .disabled_by
+                .as_ref()
+                .map(|d| if d.admin { "admin" } else { "owner" }),
+            alias: l.alias.clone(),
+        }
+    }
+}
+
+/// A time in milliseconds since 1970 as RFC 3339 (UTC, milliseconds), as every view shows it.
+pub fn rfc3339(ms: i64) -> String {
+    DateTime::<Utc>::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true))
+        .unwrap_or_default()
 }
 
 /// A page of an owner's links, newest first.
@@ -344,5 +381,53 @@ mod tests {
         assert_eq!(j["top_cities"][0]["city"], OTHER);
         assert!(j["top_cities"][0]["country"].is_null());
         assert_eq!(j["top_cities"][1]["country"], "DE");
+    }
+
+    #[test]
+    fn a_link_shows_its_effective_status_and_who_disabled_it() {
+        let mut l = Link {
+            slug: "go.example/abc".into(),
+            url: "https://example.com/".into(),
+            owner: "alice".into(),
+            status: LinkStatus::Active,
+            redirect_code: 302,
+            created_at_ms: 1_700_000_000_000,
+            expires_at_ms: Some(1_700_000_100_000),
+            version: 3,
+            idem: Some("not shown".into()),
+            disabled_by: None,
+            alias: Some("<b>launch</b>".into()),
+        };
+        let j = |l: &Link, now| {
+            serde_json::to_value(LinkView::of("https://go.example/abc".into(), l, now)).unwrap()
+        };
+        let before = j(&l, 1_700_000_000_001);
+        assert_eq!(before["status"], "ACTIVE");
+        assert_eq!(
+            (before["slug"].as_str(), before["domain"].as_str()),
+            (Some("abc"), Some("go.example"))
+        );
+        assert_eq!(before["created_at"], "2023-11-14T22:13:20.000Z");
+        assert_eq!(before["expires_at"], "2023-11-14T22:15:00.000Z");
+        assert!(
+            before.get("idem").is_none(),
+            "the idempotency fingerprint stays inside"
+        );
+        assert_eq!(j(&l, 1_700_000_100_000)["status"], "EXPIRED");
+        l.status = LinkStatus::Disabled;
+        l.expires_at_ms = None;
+        l.disabled_by = Some(zlink_store::DisabledBy {
+            admin: true,
+            key_id: "k1".into(),
+        });
+        let disabled = j(&l, 0);
+        assert_eq!(
+            (
+                disabled["status"].as_str(),
+                disabled["disabled_by"].as_str()
+            ),
+            (Some("DISABLED"), Some("admin"))
+        );
+        assert!(disabled["expires_at"].is_null());
     }
 }

@@ -103,14 +103,14 @@ pub enum Decision {
     Reject(crate::Reject),
 }
 
-/// The decision. Expired (`exp <= now`) is 410 like disabled; a stored URL or code that cannot
+/// The decision. Expired ([`zlink_wire::link::is_expired`]) is 410 like disabled; a stored URL or code that cannot
 /// be sent is 500 (never a broken `Location`).
 pub fn decide(view: View<'_>, now_ms: i64) -> Decision {
     use crate::Reject;
     match view {
         View::Missing => Decision::Reject(Reject::NotFound),
         View::Gone => Decision::Reject(Reject::Gone),
-        View::Redirect { exp, .. } if exp.is_some_and(|e| e <= now_ms) => {
+        View::Redirect { exp, .. } if zlink_wire::link::is_expired(exp, now_ms) => {
             Decision::Reject(Reject::Gone)
         }
         View::Redirect { url, code, .. } => {

@@ -42,6 +42,24 @@ impl LinkStatus {
     }
 }
 
+/// The expiry rule, once for every tier: a link with an expiry is expired from that instant on
+/// (`exp <= now`). The API's effective status and every rung's redirect decision use it.
+pub fn is_expired(expires_at_ms: Option<i64>, now_ms: i64) -> bool {
+    expires_at_ms.is_some_and(|exp| exp <= now_ms)
+}
+
+impl LinkStatus {
+    /// The status a reader sees: a link past its expiry ([`is_expired`]) is EXPIRED whatever
+    /// the row says, unless it was deleted.
+    pub fn effective(self, expires_at_ms: Option<i64>, now_ms: i64) -> LinkStatus {
+        if self != LinkStatus::Deleted && is_expired(expires_at_ms, now_ms) {
+            LinkStatus::Expired
+        } else {
+            self
+        }
+    }
+}
+
 impl fmt::Display for LinkStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -99,5 +117,19 @@ mod tests {
             assert_eq!(s.as_str().parse::<super::LinkStatus>(), Ok(s));
         }
         assert!("active".parse::<super::LinkStatus>().is_err());
+    }
+
+    #[test]
+    fn the_effective_status_applies_expiry_from_its_instant_on() {
+        use super::is_expired;
+        use super::LinkStatus::*;
+        assert!(!is_expired(None, 10));
+        assert!(!is_expired(Some(11), 10));
+        assert!(is_expired(Some(10), 10));
+        assert_eq!(Active.effective(None, 10), Active);
+        assert_eq!(Active.effective(Some(11), 10), Active);
+        assert_eq!(Active.effective(Some(10), 10), Expired);
+        assert_eq!(Disabled.effective(Some(5), 10), Expired);
+        assert_eq!(Deleted.effective(Some(5), 10), Deleted);
     }
 }
