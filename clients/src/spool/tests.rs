@@ -1,3 +1,4 @@
+use super::format::list_segments;
 use super::*;
 
 fn cfg(dir: &Path) -> SpoolConfig {
