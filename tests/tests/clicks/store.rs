@@ -1,0 +1,307 @@
+//! The counter's writer and the stats read model driven directly against the store: racing
+//! writers and a crash mid-write, month roll-ups and late clicks, rows of the counter before
+//! `click_sums`.
+
+use super::*;
+
+/// The writers of one source as a rebalance leaves them, against the real store: the old owner
+/// dies in mid-write (ids and some counts stored, its offsets not committed) and keeps going as
+/// a zombie with other batch boundaries while its successor counts the same offsets; a third
+/// owner then re-reads part of the stream. One click in five is a copy of an earlier one at a
+/// later offset (a replayed spool, a failed-over request), a third are days old. Every click is
+/// counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click_once() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let cs = click_store(&infra, &ks).await;
+    let mut originals: Vec<ClickEvent> = Vec::new();
+    let mut stream: Vec<(i64, ClickEvent)> = Vec::new();
+    for i in 0..3000usize {
+        let e = if i % 5 == 4 && i > 100 {
+            originals[(i * 7) % originals.len()].clone()
+        } else {
+            originals.push(event(i));
+            originals[originals.len() - 1].clone()
+        };
+        stream.push((i as i64, e));
+    }
+    let want = expected(&originals);
+    let slugs: Vec<String> = want.keys().cloned().collect();
+    let limits = Limits {
+        concurrency: 16,
+        ..Limits::default()
+    };
+    let src = format!("clicks-{ks}:0");
+
+    // The old owner: offsets 0..=999 counted (and, say, committed), then a batch that dies
+    // after 10 of its 30 (link, day) writes.
+    let mut old = SourceCounter::new(cs.clone(), src.clone(), limits);
+    for batch in stream[..1000].chunks(250) {
+        count_batch(&mut old, batch).await.unwrap();
+    }
+    old.fail_next_batch_after(10);
+    assert!(count_batch(&mut old, &stream[1000..1500]).await.is_err());
+    let partial = total(&stats_of(&cs, &slugs).await);
+    assert!(
+        partial > 800,
+        "the first 1,000 offsets are counted ({partial})"
+    );
+
+    // The successor starts at the committed offset 1000 while the old owner, now a zombie,
+    // keeps counting from there too, in batches of another size.
+    let mut next = SourceCounter::new(cs.clone(), src.clone(), limits);
+    let (zombie, successor) = tokio::join!(
+        async {
+            let mut c = Counted::default();
+            for batch in stream[1000..2200].chunks(333) {
+                let r = count_batch(&mut old, batch).await.unwrap();
+                c.counted += r.counted;
+                c.redelivered += r.redelivered;
+            }
+            c
+        },
+        async {
+            let mut c = Counted::default();
+            for batch in stream[1000..].chunks(400) {
+                let r = count_batch(&mut next, batch).await.unwrap();
+                c.counted += r.counted;
+                c.redelivered += r.redelivered;
+            }
+            c
+        }
+    );
+    assert!(
+        zombie.redelivered + successor.redelivered > 0,
+        "the writers found offsets the other had counted ({zombie:?}, {successor:?})"
+    );
+    assert_eq!(stats_of(&cs, &slugs).await, want, "every click once");
+
+    // A third owner re-reads from offset 1800 (its predecessor never committed past it).
+    let mut third = SourceCounter::new(cs.clone(), src, limits);
+    let mut again = Counted::default();
+    for batch in stream[1800..].chunks(500) {
+        let r = count_batch(&mut third, batch).await.unwrap();
+        again.counted += r.counted;
+        again.redelivered += r.redelivered + r.duplicates;
+    }
+    assert_eq!(again.counted, 0, "nothing counted twice: {again:?}");
+    assert_eq!(again.redelivered, 1200);
+    assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
+}
+
+/// A link with clicks in old months: the first stats read rolls each closed month up, later
+/// reads use the roll-up instead of the month's days. Clicks of a rolled-up month counted late
+/// (a spool replayed after a long outage) delete its roll-up, also when the counter that counted
+/// them died before it could and a successor only finds them redelivered; no read ever misses
+/// a click whose batch was committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn old_months_are_read_as_rollups_and_late_clicks_reopen_their_month() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    // Reads follow the counter's deletes within milliseconds here, on the same clock: no margin
+    // (with the default 10 s, a roll-up written that soon after a delete is hidden by it).
+    let db = Arc::new(
+        zlink_store::Db::connect(&infra.store_config(&ks))
+            .await
+            .unwrap(),
+    );
+    let cs = Arc::new(
+        ClickStore::prepare(db)
+            .await
+            .unwrap()
+            .with_rollup_clock_margin_us(0),
+    );
+    let src = format!("clicks-{ks}:0");
+    let slug = "rolled".to_string();
+    let today = day_of(now_ms());
+    let this = month_of_day(today);
+    let mut n = 0usize;
+    let mut click = |day: i32| {
+        n += 1;
+        let mut e = event(n);
+        e.slug = slug.clone();
+        e.at_ms = i64::from(day) * DAY_MS + (n as i64 % 1000) * 60_000;
+        e
+    };
+    // Three clicks on each of 12 days in each of the three months before last (closed
+    // whatever today's date), and three today.
+    let mut events: Vec<ClickEvent> = Vec::new();
+    for month in this - 4..this - 1 {
+        for k in 0..12 {
+            for _ in 0..3 {
+                events.push(click(first_day_of_month(month) + 2 * k));
+            }
+        }
+    }
+    for _ in 0..3 {
+        events.push(click(today));
+    }
+    let mut offset = 0i64;
+    let mut numbered = |batch: &[ClickEvent]| -> Vec<(i64, ClickEvent)> {
+        batch
+            .iter()
+            .map(|e| {
+                offset += 1;
+                (offset, e.clone())
+            })
+            .collect()
+    };
+    let mut counter = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    count_batch(&mut counter, &numbered(&events)).await.unwrap();
+    let want = |events: &[ClickEvent]| expected(events).remove(&slug).unwrap();
+    // The link's first day: months this-4 to this are read. Last month has no clicks: once it
+    // is closed (from the 3rd on), it gets an empty roll-up.
+    let since = first_day_of_month(this - 4);
+    let empty = usize::from(month_closed(this - 1, today));
+
+    let (first, reads) = cs.read_link_stats(&slug, since).await.unwrap();
+    assert_eq!(first, want(&events));
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 37,
+            rollups_used: 0,
+            rollups_written: 3 + empty
+        }
+    );
+    let (second, reads) = cs.read_link_stats(&slug, since).await.unwrap();
+    assert_eq!(second, first, "the roll-ups say what the days said");
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 1,
+            rollups_used: 3 + empty,
+            rollups_written: 0
+        },
+        "only today is read day by day"
+    );
+
+    // Late clicks of month this-3: on a day it has and on one it had no clicks on.
+    let late: Vec<ClickEvent> = [0, 0, 1, 1, 1]
+        .iter()
+        .map(|k| click(first_day_of_month(this - 3) + k))
+        .collect();
+    count_batch(&mut counter, &numbered(&late)).await.unwrap();
+    events.extend(late);
+    let (third, reads) = cs.read_link_stats(&slug, since).await.unwrap();
+    assert_eq!(third, want(&events), "the late clicks are in");
+    assert_eq!(
+        reads,
+        StatsReads {
+            days: 14,
+            rollups_used: 2 + empty,
+            rollups_written: 1
+        },
+        "month this-3 read day by day again and rolled up anew"
+    );
+
+    // A batch of a late click and one of today; its counter writes the late click's count and
+    // dies before anything else. Its successor finds that click redelivered and today's new.
+    let batch = numbered(&[click(first_day_of_month(this - 2) + 5), click(today)]);
+    let mut dying = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    dying.fail_next_batch_after(1);
+    assert!(count_batch(&mut dying, &batch).await.is_err());
+    let mut successor = SourceCounter::new(cs.clone(), src, Limits::default());
+    let c = count_batch(&mut successor, &batch).await.unwrap();
+    assert_eq!((c.counted, c.redelivered), (1, 1));
+    events.extend(batch.into_iter().map(|(_, e)| e));
+    let (fourth, reads) = cs.read_link_stats(&slug, since).await.unwrap();
+    assert_eq!(
+        fourth,
+        want(&events),
+        "the redelivered click's month was reopened"
+    );
+    assert_eq!((reads.rollups_used, reads.rollups_written), (2 + empty, 1));
+    let (fifth, reads) = cs.read_link_stats(&slug, since).await.unwrap();
+    assert_eq!(fifth, fourth);
+    assert_eq!(reads.days, 1);
+}
+
+/// The upgrade from the counter before `click_sums`: it counted offsets 0..=2 of a source into
+/// `click_totals` (ids in the index, the day in `click_days`) and died before committing them.
+/// The migration, finding such rows, lets the new counter read their offsets, so the
+/// redelivered batch counts only what came after, and the stats sum both tables: each click
+/// once. (Without the old row's offset the three would count again: their ids are in the
+/// index at those very offsets, which looks like an attempt that died before its counts.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_of_the_counter_before_click_sums_are_read_and_their_clicks_not_counted_again() {
+    use zlink_store::clicks::{cell_name, DayCounts};
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(&infra.cql)
+        .use_keyspace(&ks, false)
+        .build()
+        .await
+        .unwrap();
+    let src = format!("clicks-{ks}:0");
+    let at = now_ms();
+    let events: Vec<ClickEvent> = (0..5)
+        .map(|i| {
+            let mut e = event(i);
+            e.slug = "upgraded".into();
+            e.at_ms = at;
+            e
+        })
+        .collect();
+    let day = day_of(at);
+    // What the old counter left of offsets 0..=2: their counts, their ids at those offsets,
+    // the listed day.
+    let mut counts = DayCounts::default();
+    counts.add(&events[..3].iter().collect::<Vec<_>>());
+    let cells: HashMap<String, i64> = counts
+        .rows
+        .iter()
+        .map(|(r, n)| (cell_name(r), *n))
+        .collect();
+    session
+        .query_unpaged(
+            "UPDATE click_totals USING TIMESTAMP 3 SET upto = 2, n = n + ? \
+             WHERE slug = 'upgraded' AND day = ? AND src = ?",
+            (cells, day, &src),
+        )
+        .await
+        .unwrap();
+    session
+        .query_unpaged(
+            "INSERT INTO click_days (slug, day) VALUES ('upgraded', ?)",
+            (day,),
+        )
+        .await
+        .unwrap();
+    let batch: Vec<(i64, ClickEvent)> = events
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(o, e)| (o as i64, e))
+        .collect();
+    let mut blob = Vec::new();
+    for (offset, e) in &batch[..3] {
+        blob.extend_from_slice(e.id.as_bytes());
+        blob.extend_from_slice(&offset.to_be_bytes());
+    }
+    session
+        .query_unpaged(
+            "INSERT INTO click_seen (src, minute, upto, writer, ids) VALUES (?, ?, 2, ?, ?)",
+            (&src, at.div_euclid(60_000), Uuid::new_v4(), blob),
+        )
+        .await
+        .unwrap();
+    // The migration, run again as an upgrade runs it, finds the old rows.
+    session
+        .query_unpaged("DELETE FROM cursors WHERE name = 'click_totals_until'", ())
+        .await
+        .unwrap();
+    zlink_store::schema::migrate(&infra.store_config(&ks), 1)
+        .await
+        .unwrap();
+
+    let cs = click_store(&infra, &ks).await;
+    let mut counter = SourceCounter::new(cs.clone(), src, Limits::default());
+    let c = count_batch(&mut counter, &batch).await.unwrap();
+    assert_eq!((c.counted, c.redelivered, c.duplicates), (2, 3, 0));
+    let since = day_of(now_ms()) - 3;
+    let stats = cs.link_stats("upgraded", since).await.unwrap();
+    assert_eq!(stats, expected(&events).remove("upgraded").unwrap());
+}
