@@ -16,6 +16,7 @@ pub struct Infra {
 
 impl Infra {
     pub fn from_env() -> Infra {
+        in_process_logs();
         let get = |k: &str| {
             std::env::var(k).unwrap_or_else(|_| {
                 panic!("{k} is not set: run the tests with deploy/local/test, which starts the real servers")
@@ -265,4 +266,19 @@ pub async fn caught_up(brokers: &str, group: &str, topic: &str, within: Duration
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The logs of the services a test runs in-process (primary, replicator, lastresort), at
+/// `warn` (or `ZLINK_TEST_LOG`), through libtest's capture: shown with a failing test's output,
+/// so a failure says what the services saw. Installed once per test binary.
+fn in_process_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = std::env::var("ZLINK_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_target(false)
+            .with_test_writer()
+            .try_init();
+    });
 }

@@ -145,14 +145,34 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
     )
     .await;
     assert_eq!(c.status(), StatusCode::CREATED);
-    assert!(
-        eventually_ok(
-            &infra.blob_url(&n.s3_prefix, "after-thaw"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "a link created after the thaw reaches S3"
-    );
+    if !eventually_ok(
+        &infra.blob_url(&n.s3_prefix, "after-thaw"),
+        Duration::from_secs(60),
+    )
+    .await
+    {
+        // Where the event stopped: published by primary's relay, consumed by the replicator?
+        let pick = |text: &str, words: &[&str]| {
+            text.lines()
+                .filter(|l| !l.starts_with('#') && words.iter().any(|w| l.contains(w)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let rep = String::from_utf8_lossy(&replicator.metrics.render()).to_string();
+        let prim = client()
+            .get(p.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        panic!(
+            "a link created after the thaw reaches S3\nreplicator:\n{}\nprimary:\n{}",
+            pick(&rep, &["events_total", "consumer", "kafka"]),
+            pick(&prim, &["links", "outbox", "publish", "producer"])
+        );
+    }
     assert!(
         caught_up(&kafka.brokers, &group, &topic, Duration::from_secs(30)).await,
         "the counter's group committed everything"
