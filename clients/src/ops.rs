@@ -1,6 +1,10 @@
-//! The ops endpoint of the background services (replicator, click counter): `/healthz`,
-//! `/readyz`, `/metrics`. Readiness is probed by the service in the background and stored in
-//! [`Ops::ready`], so a probe never waits on a dependency.
+//! The ops endpoints every service answers, implemented once: `/healthz` (alive), `/readyz`
+//! (200 ready, or 503 naming the dependency that is not), `/metrics` (Prometheus text).
+//! Readiness is each service's own (primary pings its store; lastresort and the background
+//! services probe in the background and keep a flag, so a probe never waits on a dependency);
+//! how it is answered is here. The background services (replicator, click counter) serve these
+//! on a listener of their own ([`serve`]); primary and lastresort route them beside their
+//! redirects.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -8,44 +12,118 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub struct Ops {
-    /// Renders the service's registry in the Prometheus text format.
-    pub render: Box<dyn Fn() -> Vec<u8> + Send + Sync>,
-    pub ready: AtomicBool,
+/// An ops answer.
+pub type OpsResponse = Response<Full<Bytes>>;
+
+/// What `/readyz` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Not ready because `dependency` is in `state` (e.g. `"store"`, `"timeout"`): shown as
+    /// `{"status": "not_ready", "<dependency>": "<state>"}`; fixed words, never error text.
+    NotReady {
+        dependency: &'static str,
+        state: &'static str,
+    },
 }
 
-fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> OpsResponse {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    // A probe's answer is about now: no cache keeps it.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
-fn handle(ops: &Ops, req: &Request<Incoming>) -> Response<Full<Bytes>> {
-    let json = "application/json";
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/healthz") => respond(StatusCode::OK, json, br#"{"status":"ok"}"#.to_vec()),
-        (&Method::GET, "/readyz") if ops.ready.load(Ordering::Relaxed) => {
-            respond(StatusCode::OK, json, br#"{"status":"ready"}"#.to_vec())
+fn json(status: StatusCode, body: serde_json::Value) -> OpsResponse {
+    respond(status, "application/json", body.to_string().into_bytes())
+}
+
+/// `GET /healthz`: the process is alive.
+pub fn healthz() -> OpsResponse {
+    json(StatusCode::OK, serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: 200 when ready, else 503 naming what is not.
+pub fn readyz(readiness: Readiness) -> OpsResponse {
+    match readiness {
+        Readiness::Ready => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+        Readiness::NotReady { dependency, state } => {
+            let mut body = serde_json::json!({"status": "not_ready"});
+            body[dependency] = state.into();
+            json(StatusCode::SERVICE_UNAVAILABLE, body)
         }
-        (&Method::GET, "/readyz") => respond(
-            StatusCode::SERVICE_UNAVAILABLE,
-            json,
-            br#"{"status":"not_ready"}"#.to_vec(),
-        ),
-        (&Method::GET, "/metrics") => {
-            respond(StatusCode::OK, "text/plain; version=0.0.4", (ops.render)())
+    }
+}
+
+/// `GET /metrics`: a rendered registry ([`render`]) in the Prometheus text format.
+pub fn metrics(body: Vec<u8>) -> OpsResponse {
+    respond(StatusCode::OK, "text/plain; version=0.0.4", body)
+}
+
+/// The state a background service's ops endpoint answers from.
+pub struct Ops {
+    /// Renders the service's registry in the Prometheus text format.
+    render: Box<dyn Fn() -> Vec<u8> + Send + Sync>,
+    /// Set by the service's own background probe.
+    readiness: Mutex<Readiness>,
+}
+
+impl Ops {
+    /// Not ready until the service's first probe says otherwise.
+    pub fn new(render: Box<dyn Fn() -> Vec<u8> + Send + Sync>) -> Self {
+        Ops {
+            render,
+            readiness: Mutex::new(Readiness::NotReady {
+                dependency: "startup",
+                state: "probing",
+            }),
         }
-        _ => respond(
+    }
+
+    pub fn set_readiness(&self, r: Readiness) {
+        *self.readiness.lock().unwrap_or_else(|e| e.into_inner()) = r;
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        *self.readiness.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Readiness {
+    /// Ready when every `(dependency, up)` is up; else not ready naming the first that is down
+    /// (as `unavailable`).
+    pub fn of(dependencies: &[(&'static str, bool)]) -> Readiness {
+        match dependencies.iter().find(|(_, up)| !up) {
+            None => Readiness::Ready,
+            Some((dependency, _)) => Readiness::NotReady {
+                dependency,
+                state: "unavailable",
+            },
+        }
+    }
+}
+
+fn handle(ops: &Ops, req: &Request<Incoming>) -> OpsResponse {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            serde_json::json!({"error": {"code": "method_not_allowed", "message": "method not allowed"}}),
+        );
+    }
+    match req.uri().path() {
+        "/healthz" => healthz(),
+        "/readyz" => readyz(ops.readiness()),
+        "/metrics" => metrics((ops.render)()),
+        _ => json(
             StatusCode::NOT_FOUND,
-            json,
-            br#"{"error":{"code":"not_found","message":"not found"}}"#.to_vec(),
+            serde_json::json!({"error": {"code": "not_found", "message": "not found"}}),
         ),
     }
 }
@@ -84,4 +162,46 @@ pub fn render(registry: &prometheus::Registry) -> Vec<u8> {
     // Encoding into a Vec cannot fail for well-formed metrics.
     let _ = prometheus::TextEncoder::new().encode(&registry.gather(), &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body(r: OpsResponse) -> serde_json::Value {
+        let b = r.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&b).unwrap()
+    }
+
+    #[tokio::test]
+    async fn readiness_names_the_dependency_and_nothing_is_cached() {
+        let r = readyz(Readiness::NotReady {
+            dependency: "store",
+            state: "timeout",
+        });
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::CACHE_CONTROL], "no-store");
+        assert_eq!(
+            body(r).await,
+            serde_json::json!({"status": "not_ready", "store": "timeout"})
+        );
+        let r = readyz(Readiness::Ready);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(body(r).await, serde_json::json!({"status": "ready"}));
+        assert_eq!(body(healthz()).await, serde_json::json!({"status": "ok"}));
+        assert_eq!(
+            Readiness::of(&[("s3", true), ("store", false), ("kafka", false)]),
+            Readiness::NotReady {
+                dependency: "store",
+                state: "unavailable"
+            }
+        );
+        assert_eq!(Readiness::of(&[("store", true)]), Readiness::Ready);
+        let m = metrics(b"x 1\n".to_vec());
+        assert_eq!(
+            m.headers()[header::CONTENT_TYPE],
+            "text/plain; version=0.0.4"
+        );
+    }
 }

@@ -23,7 +23,6 @@ pub use metrics::CounterMetrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -31,7 +30,7 @@ use zlink_clients::backoff::Backoff;
 use zlink_clients::kafka;
 use zlink_clients::kafka::{Activity, ClosingConsumer, Replaceable, StallWatch};
 use zlink_clients::now_ms;
-use zlink_clients::ops::Ops;
+use zlink_clients::ops::{Ops, Readiness};
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
 use zlink_store::clicks::{ClickStore, Counted, FIRST_CLICK_MS};
 use zlink_store::{Db, StoreError};
@@ -56,7 +55,9 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
     Ok(ev)
 }
 
-pub struct Counter {
+/// The composition root of `counter run`: the consumer, the store's click statements and the
+/// metrics, wired once ([`App::build`]); [`App::run`] counts until shutdown.
+pub struct App {
     /// The consumer in use; replaced when it stalls or fails fatally.
     consumer: Replaceable,
     activity: Arc<Activity>,
@@ -66,12 +67,14 @@ pub struct Counter {
     pub metrics: Arc<CounterMetrics>,
 }
 
-impl Counter {
-    pub async fn new(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
+impl App {
+    /// From a validated config and a connected session: the consumer (not yet consuming) and
+    /// the prepared statements.
+    pub async fn build(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
         let connect_cfg = cfg.clone();
         let consumer = Replaceable::new(move || Self::connect(&connect_cfg))?;
         let clicks = Arc::new(ClickStore::prepare(db.clone()).await?);
-        Ok(Arc::new(Counter {
+        Ok(Arc::new(App {
             consumer,
             activity: Arc::default(),
             clicks,
@@ -106,10 +109,7 @@ impl Counter {
         shutdown: CancellationToken,
     ) {
         let metrics = self.metrics.clone();
-        let ops = Arc::new(Ops {
-            render: Box::new(move || metrics.render()),
-            ready: false.into(),
-        });
+        let ops = Arc::new(Ops::new(Box::new(move || metrics.render())));
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(zlink_clients::ops::serve(
             listener,
@@ -154,8 +154,10 @@ impl Counter {
                     &self.metrics.consumer_resets,
                 )
                 .await;
-            ops.ready
-                .store(store_ok && backlog.answered, Ordering::Relaxed);
+            ops.set_readiness(Readiness::of(&[
+                ("store", store_ok),
+                ("kafka", backlog.answered),
+            ]));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_secs(2)) => {}

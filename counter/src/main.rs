@@ -1,6 +1,6 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use counter::{CountConfig, Counter};
+use counter::{App, CountConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::process::{init_tracing, shutdown_on_signals};
@@ -31,14 +31,14 @@ async fn run(cfg: CountConfig) -> anyhow::Result<()> {
     let db = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
-    let counter = Counter::new(&cfg, Arc::new(db))
+    let app = App::build(&cfg, Arc::new(db))
         .await
         .context("starting the click counter")?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, topic = %cfg.clicks_topic, group = %cfg.group_id, "click counter running");
-    counter.run(listener, shutdown).await;
+    app.run(listener, shutdown).await;
     Ok(())
 }
 

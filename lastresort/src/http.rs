@@ -15,9 +15,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clicks::{self, Clicks};
 use zlink_clients::clock::Clock;
+use zlink_clients::ops::{self, Readiness};
 use zlink_clients::trace::{self, RequestTrace};
 use zlink_redirect::decide::Outcome;
-use zlink_redirect::error::{json, metrics_text};
+use zlink_redirect::error::json;
 use zlink_redirect::pipeline::{self, Tier};
 use zlink_redirect::{Peer, Reject, Resp};
 use zlink_wire::domain::Hosts;
@@ -100,20 +101,17 @@ async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path();
     let get_or_head = matches!(*req.method(), Method::GET | Method::HEAD);
     let resp = match path {
-        "/healthz" if get_or_head => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
-        "/readyz" if get_or_head => {
-            if state.ready.load(Ordering::Relaxed) {
-                json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
-            } else {
-                json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    &serde_json::json!({"status": "not_ready", "s3": "unreachable"}),
-                )
-            }
-        }
+        "/healthz" if get_or_head => ops::healthz(),
+        "/readyz" if get_or_head => ops::readyz(match state.ready.load(Ordering::Relaxed) {
+            true => Readiness::Ready,
+            false => Readiness::NotReady {
+                dependency: "s3",
+                state: "unreachable",
+            },
+        }),
         "/metrics" if get_or_head => {
             state.clicks.observe_metrics();
-            metrics_text(state.metrics.render())
+            ops::metrics(state.metrics.render())
         }
         "/stats" if get_or_head => {
             let mut stats = state.metrics.stats(100);

@@ -32,12 +32,25 @@ use zlink_clients::s3::S3Store;
 use zlink_redirect::cache::Memcached;
 use zlink_wire::events::Tier;
 
-/// Builds the shared state from a validated config: opens the click spool (cutting off a torn
-/// tail) and starts its replayer, so call it inside the runtime.
-pub fn state(
-    cfg: &config::Config,
-    metrics: Arc<metrics::Metrics>,
-) -> Result<Arc<http::State>, String> {
+/// The composition root of `lastresort`: the state every request shares, built once.
+pub struct App {
+    pub state: Arc<http::State>,
+}
+
+impl App {
+    /// From a validated config: opens the click spool (cutting off a torn tail) and starts its
+    /// replayer, so call it inside the runtime.
+    pub fn build(cfg: &config::Config, metrics: Arc<metrics::Metrics>) -> Result<App, String> {
+        state(cfg, metrics).map(|state| App { state })
+    }
+
+    /// Serves on an already-bound listener until `shutdown` ([`run`]).
+    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) {
+        run(listener, self.state, shutdown).await
+    }
+}
+
+fn state(cfg: &config::Config, metrics: Arc<metrics::Metrics>) -> Result<Arc<http::State>, String> {
     let clicks = Clicks::start(
         &cfg.clicks,
         cfg.kafka.trim(),
@@ -120,7 +133,7 @@ pub fn state(
 
 /// Serves on `listener` until `shutdown`; probes S3 every 2 s for `/readyz`. On shutdown it
 /// drains requests, then flushes the click spool and gives its replayer a moment with Kafka.
-pub async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: CancellationToken) {
+async fn run(listener: TcpListener, state: Arc<http::State>, shutdown: CancellationToken) {
     let probe = {
         let (state, shutdown) = (state.clone(), shutdown.clone());
         tokio::spawn(async move {

@@ -2,6 +2,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use lastresort::config::Config;
 use lastresort::metrics::Metrics;
+use lastresort::App;
 use std::sync::Arc;
 
 fn main() -> anyhow::Result<()> {
@@ -18,12 +19,12 @@ fn main() -> anyhow::Result<()> {
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = zlink_clients::process::shutdown_on_signals();
-    let state = lastresort::state(&cfg, Arc::new(Metrics::new())).map_err(anyhow::Error::msg)?;
+    let app = App::build(&cfg, Arc::new(Metrics::new())).map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, bucket = %cfg.s3.s3_bucket, "lastresort serving");
-    lastresort::run(listener, state, shutdown).await;
+    app.run(listener, shutdown).await;
     zlink_clients::trace::flush();
     Ok(())
 }

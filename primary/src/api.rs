@@ -1,4 +1,7 @@
-//! The link API: create, read metadata, change status, delete (the list: [`crate::listing`]).
+//! The link API: create, read metadata, delete ([`patch`]: change status, destination, expiry,
+//! alias; the list: [`crate::listing`]). Writes go through [`crate::write`].
+
+pub mod patch;
 
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
@@ -7,13 +10,13 @@ use crate::error::Resp;
 use crate::error::{json_response, ApiError};
 use crate::events::link_event;
 use crate::views::LinkView;
+use crate::write::{self, Change, Inserted};
 use chrono::DateTime;
 use http::{HeaderValue, Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use zlink_store::outbox::OutboxRow;
-use zlink_store::{DisabledBy, Link};
+use zlink_store::Link;
 use zlink_wire::events::LinkEventKind;
 use zlink_wire::{link, longurl, slug, LinkStatus};
 
@@ -57,37 +60,6 @@ pub(crate) struct Created {
     pub replayed: bool,
 }
 
-/// The body of a PATCH: `status` alone, or any of `url`, `expires_at` and `alias`.
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PatchRequest {
-    status: Option<String>,
-    url: Option<String>,
-    /// Absent: unchanged; `null`: no expiry; a timestamp: the new expiry.
-    #[serde(default, deserialize_with = "present")]
-    expires_at: Option<Option<String>>,
-    /// Absent: unchanged; `null`: none.
-    #[serde(default, deserialize_with = "present")]
-    alias: Option<Option<String>>,
-}
-
-/// A field that is present, `null` included (so `null` and absent differ).
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
-}
-
-/// One change of a link: a new version.
-enum Change {
-    Status(LinkStatus, Option<DisabledBy>),
-    /// A new destination and/or expiry (the status stays).
-    Target {
-        url: String,
-        expires_at_ms: Option<i64>,
-    },
-}
-
 /// A link as the API answers it (on the frontend's or its branded domain's short URL).
 pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> LinkView {
     LinkView::of(state.short_url(&l.slug), l, now_ms)
@@ -102,7 +74,7 @@ fn sha256_hex(parts: &[&str]) -> String {
     hex::encode(h.finalize())
 }
 
-fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError> {
+pub(super) fn parse_expiry(raw: Option<&str>, now_ms: i64) -> Result<Option<i64>, ApiError> {
     let Some(raw) = raw else { return Ok(None) };
     let invalid = |m: &str| ApiError::Invalid("invalid_expires_at", m.to_string());
     let t = DateTime::parse_from_rfc3339(raw)
@@ -226,45 +198,9 @@ pub(crate) async fn create_link(
         disabled_by: None,
         alias,
     };
-    // Written before the change they announce (see `relay`): a crash after the insert leaves
-    // the outbox row, so the event is published whatever happens next. The expiry entry and
-    // the owner's list entry before the link too (the list never misses a link that exists).
-    // The three are independent of each other: written concurrently, one round trip.
-    let outbox = async {
-        match state.events.uses_outbox() {
-            true => {
-                let row = OutboxRow::new(&new.slug, now, new.version);
-                state.store.outbox.add(&row).await
-            }
-            false => Ok(()),
-        }
-    };
-    let expiry = async {
-        match new.expires_at_ms {
-            Some(exp) => state.store.expiries.add(&new.slug, exp).await,
-            None => Ok(()),
-        }
-    };
-    tokio::try_join!(outbox, expiry, state.store.links.index(&new))?;
-    let existing = match state.store.links.insert_if_absent(&new).await? {
-        true => None,
-        // The slug exists: taken, an earlier attempt of this same idempotent request, or this
-        // very insert (the store may send it twice, to two nodes, when one is slow to answer:
-        // the copy that lost finds the winner's row, which is exactly `new`).
-        false => Some(
-            state
-                .store
-                .links
-                .get_serial(&new.slug)
-                .await?
-                .ok_or_else(|| {
-                    ApiError::Internal(format!("slug {:?} claimed but unreadable", new.slug))
-                })?,
-        ),
-    };
-    let existing = match existing {
-        Some(e) if e != new => e,
-        _ => {
+    let existing = match write::insert(&state.store, state.events.uses_outbox(), &new, now).await? {
+        Inserted::Taken(existing) => existing,
+        Inserted::Created => {
             state.cache.forget_local(&new.slug).await;
             state
                 .events
@@ -339,152 +275,12 @@ pub async fn get(state: &AppState, req: Request<Incoming>, slug: &str) -> Result
     ))
 }
 
-/// `PATCH /api/v1/links/{slug}` with `{"status": "ACTIVE" | "DISABLED"}`, or with a new
-/// `url` and/or `expires_at` (`null`: none). An admin's disable is a takedown: it records the
-/// admin's key, and only an admin can re-enable or retarget the link. When this answers,
-/// memcached already holds the new state (see [`crate::cache::RedirectCache::changed`]).
-#[utoipa::path(operation_id = "patch_link", patch, path = "/api/v1/links/{slug}", tag = "links",
-    request_body = crate::api::PatchRequest,
-    params(("slug" = String, Path), ("domain" = Option<String>, Query)),
-    responses((status = 200, body = crate::views::LinkView), (status = 409, body = crate::views::Error), (status = 422, body = crate::views::Error)),
-    security(("bearer" = [])))]
-pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Result<Resp, ApiError> {
-    // Authenticate (and limit) before reading the body.
-    let principal = writer(state, &req).await?;
-    let body: PatchRequest = read_json(req, state.settings.max_body_bytes).await?;
-    let now = state.clock.now_ms();
-    match body {
-        PatchRequest {
-            status: Some(status),
-            url: None,
-            expires_at: None,
-            alias: None,
-        } => patch_status(state, principal, slug, &status, now).await,
-        PatchRequest {
-            status: None,
-            url,
-            expires_at,
-            alias,
-        } if url.is_some() || expires_at.is_some() || alias.is_some() => {
-            let alias = match alias {
-                Some(Some(a)) => Some(Some(validate_alias(&a)?)),
-                other => other,
-            };
-            if let Some(alias) = alias {
-                let retargeting = url.is_some() || expires_at.is_some();
-                // Everything checked before the alias is written: a bad request changes nothing.
-                if retargeting {
-                    let (u, _) = target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
-                    if let Some(u) = &u {
-                        not_to_a_branded_domain(state, u).await?;
-                    }
-                }
-                let link = load_managed(state, &principal, slug, true).await?;
-                if retargeting {
-                    may_retarget(&link, &principal, now)?;
-                } else if link.status == LinkStatus::Deleted {
-                    return Err(ApiError::Conflict(
-                        "invalid_transition",
-                        "a DELETED link cannot be changed".into(),
-                    ));
-                }
-                state
-                    .store
-                    .links
-                    .set_alias(&link.slug, alias.as_deref())
-                    .await?;
-                tracing::info!(slug = %link.slug, by = %principal.key_id, "link alias changed");
-                if url.is_none() && expires_at.is_none() {
-                    let updated = Link { alias, ..link };
-                    return Ok(json_response(
-                        StatusCode::OK,
-                        &link_json(state, &updated, now),
-                    ));
-                }
-            }
-            retarget(state, principal, slug, url, expires_at, now).await
-        }
-        PatchRequest { status: None, .. } => Err(ApiError::Invalid(
-            "invalid_request",
-            "nothing to change: give status, or url, expires_at and/or alias".into(),
-        )),
-        PatchRequest { .. } => Err(ApiError::Invalid(
-            "invalid_request",
-            "change the status on its own, not with url, expires_at or alias".into(),
-        )),
-    }
-}
-
-async fn patch_status(
-    state: &AppState,
-    principal: Principal,
-    slug: &str,
-    status: &str,
-    now: i64,
-) -> Result<Resp, ApiError> {
-    let to = match status.parse::<LinkStatus>() {
-        Ok(LinkStatus::Expired) => {
-            return Err(ApiError::Invalid(
-                "invalid_status",
-                "EXPIRED is set by the expiry scheduler, not the API".into(),
-            ))
-        }
-        Ok(LinkStatus::Deleted) => {
-            return Err(ApiError::Invalid(
-                "invalid_status",
-                "a link is deleted with DELETE /api/v1/links/{slug}".into(),
-            ))
-        }
-        Ok(s) => s,
-        Err(()) => {
-            return Err(ApiError::Invalid(
-                "invalid_status",
-                "status must be ACTIVE or DISABLED".into(),
-            ))
-        }
-    };
-    // A linearizable read, so the compare-and-set below starts from the latest version.
-    let link = load_managed(state, &principal, slug, true).await?;
-    let current = link.status.effective(link.expires_at_ms, now);
-    if !current.can_become(to) {
-        return Err(ApiError::Conflict(
-            "invalid_transition",
-            format!("a {current} link cannot become {to}"),
-        ));
-    }
-    let taken_down = link.disabled_by.as_ref().is_some_and(|d| d.admin);
-    if to == LinkStatus::Active && taken_down && !principal.admin {
-        return Err(ApiError::ForbiddenBecause(
-            "taken_down",
-            "an administrator disabled this link; only an administrator can enable it".into(),
-        ));
-    }
-    let disabled_by = (to == LinkStatus::Disabled).then(|| DisabledBy {
-        admin: principal.admin,
-        key_id: principal.key_id.clone(),
-    });
-    let kind = if to == LinkStatus::Disabled {
-        LinkEventKind::Disabled
-    } else {
-        LinkEventKind::Enabled
-    };
-    let updated = change(
-        state,
-        &principal,
-        link,
-        Change::Status(to, disabled_by),
-        kind,
-    )
-    .await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &link_json(state, &updated, now),
-    ))
-}
-
 /// Refuses a destination on a registered branded domain (a link to a link, like the service's
 /// own short domains, which [`crate::policy`] refuses).
-async fn not_to_a_branded_domain(state: &AppState, normalized: &str) -> Result<(), ApiError> {
+pub(super) async fn not_to_a_branded_domain(
+    state: &AppState,
+    normalized: &str,
+) -> Result<(), ApiError> {
     let host = url::Url::parse(normalized)
         .ok()
         .and_then(|u| u.host_str().map(str::to_ascii_lowercase));
@@ -497,98 +293,6 @@ async fn not_to_a_branded_domain(state: &AppState, normalized: &str) -> Result<(
         )),
         _ => Ok(()),
     }
-}
-
-/// A retarget's new destination and expiry, each `None` when unchanged.
-type TargetValues = (Option<String>, Option<Option<i64>>);
-
-/// The new destination (normalised, within the destination policy) and expiry (in the
-/// future; `Some(None)`: none) a retarget asks for.
-fn target_values(
-    state: &AppState,
-    url: Option<&str>,
-    expires_at: Option<&Option<String>>,
-    now: i64,
-) -> Result<TargetValues, ApiError> {
-    let url = match url {
-        Some(u) => {
-            let u = longurl::normalize(u)
-                .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
-            state
-                .destinations
-                .check(&u)
-                .map_err(|e| ApiError::Invalid(e.code(), e.to_string()))?;
-            Some(u)
-        }
-        None => None,
-    };
-    let expires_at_ms = match expires_at {
-        Some(e) => Some(parse_expiry(e.as_deref(), now)?),
-        None => None,
-    };
-    Ok((url, expires_at_ms))
-}
-
-/// Only an ACTIVE or DISABLED link gets a new destination or expiry, and a taken-down one only
-/// from an admin.
-fn may_retarget(link: &Link, principal: &Principal, now: i64) -> Result<(), ApiError> {
-    let current = link.status.effective(link.expires_at_ms, now);
-    if !matches!(current, LinkStatus::Active | LinkStatus::Disabled) {
-        return Err(ApiError::Conflict(
-            "invalid_transition",
-            format!("a {current} link cannot be changed"),
-        ));
-    }
-    if link.disabled_by.as_ref().is_some_and(|d| d.admin) && !principal.admin {
-        return Err(ApiError::ForbiddenBecause(
-            "taken_down",
-            "an administrator disabled this link; only an administrator can change it".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// A new destination and/or expiry: a new version like any change, so memcached gets it at
-/// once, other primaries' local caches within `--local-cache-ttl-ms`, S3 through the outbox and
-/// the replicator (lastresort re-reads S3 pages it caches). Browsers keep what they cached: a
-/// 301/308 answer may stay in a browser for good.
-async fn retarget(
-    state: &AppState,
-    principal: Principal,
-    slug: &str,
-    url: Option<String>,
-    expires_at: Option<Option<String>>,
-    now: i64,
-) -> Result<Resp, ApiError> {
-    let (url, expires_at_ms) = target_values(state, url.as_deref(), expires_at.as_ref(), now)?;
-    if let Some(u) = &url {
-        not_to_a_branded_domain(state, u).await?;
-    }
-    let link = load_managed(state, &principal, slug, true).await?;
-    may_retarget(&link, &principal, now)?;
-    let new_url = url.unwrap_or_else(|| link.url.clone());
-    let new_expiry = expires_at_ms.unwrap_or(link.expires_at_ms);
-    if new_url == link.url && new_expiry == link.expires_at_ms {
-        return Ok(json_response(StatusCode::OK, &link_json(state, &link, now)));
-    }
-    if let Some(exp) = new_expiry {
-        state.store.expiries.add(&link.slug, exp).await?;
-    }
-    let updated = change(
-        state,
-        &principal,
-        link,
-        Change::Target {
-            url: new_url,
-            expires_at_ms: new_expiry,
-        },
-        LinkEventKind::Updated,
-    )
-    .await?;
-    Ok(json_response(
-        StatusCode::OK,
-        &link_json(state, &updated, now),
-    ))
 }
 
 /// `DELETE /api/v1/links/{slug}` (owner or admin): the link becomes DELETED for good, from any
@@ -625,11 +329,10 @@ pub async fn delete(
     ))
 }
 
-/// Applies `what` to `link` (read with a SERIAL read) as version + 1 with a compare-and-set on
-/// its status and version: the outbox row first, then the change, then memcached and the
-/// event. When this returns, memcached already holds the new state (see
-/// [`crate::cache::RedirectCache::changed`]).
-async fn change(
+/// Applies `what` to `link` (read with a SERIAL read) through [`write::change`], then
+/// announces it: memcached, then the event. When this returns, memcached already holds the new
+/// state (see [`crate::cache::RedirectCache::changed`]).
+pub(super) async fn change(
     state: &AppState,
     principal: &Principal,
     link: Link,
@@ -637,47 +340,13 @@ async fn change(
     kind: LinkEventKind,
 ) -> Result<Link, ApiError> {
     let now = state.clock.now_ms();
-    if state.events.uses_outbox() {
-        let row = OutboxRow::new(&link.slug, now, link.version + 1);
-        state.store.outbox.add(&row).await?;
-    }
-    let links = &state.store.links;
-    let (applied, updated) = match what {
-        Change::Status(to, disabled_by) => (
-            links
-                .transition(
-                    &link.slug,
-                    link.status,
-                    link.version,
-                    to,
-                    disabled_by.as_ref(),
-                )
-                .await?,
-            Link {
-                status: to,
-                version: link.version + 1,
-                disabled_by,
-                ..link
-            },
-        ),
-        Change::Target { url, expires_at_ms } => (
-            links
-                .retarget(&link.slug, link.status, link.version, &url, expires_at_ms)
-                .await?,
-            Link {
-                url,
-                expires_at_ms,
-                version: link.version + 1,
-                ..link
-            },
-        ),
-    };
-    if !applied {
+    let outbox = state.events.uses_outbox();
+    let Some((updated, _row)) = write::change(&state.store, outbox, link, what, now).await? else {
         return Err(ApiError::Conflict(
             "concurrent_update",
             "the link changed while this request was applied; read it and retry".into(),
         ));
-    }
+    };
     state
         .cache
         .changed(&updated.slug, &crate::cache::CachedLink::from(&updated))

@@ -193,7 +193,7 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::LinksBulk, &Method::POST) => bulk::create(&state, req).await,
         (Route::LinksBulk, _) => Err(ApiError::MethodNotAllowed("POST")),
         (Route::Link(_), &Method::GET) => api::get(&state, req, &key).await,
-        (Route::Link(_), &Method::PATCH) => api::patch(&state, req, &key).await,
+        (Route::Link(_), &Method::PATCH) => api::patch::patch(&state, req, &key).await,
         (Route::Link(_), &Method::DELETE) => api::delete(&state, req, &key).await,
         (Route::Link(_), _) => Err(ApiError::MethodNotAllowed("GET, PATCH, DELETE")),
         (Route::Keys, &Method::POST) => keys::create(&state, req).await,

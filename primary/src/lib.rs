@@ -6,6 +6,7 @@
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`body`]: request bodies (JSON, size cap) and the `Idempotency-Key` header.
+//! - [`write`]: the link write path, the one writer of link and outbox rows (in invariant order).
 //! - [`listing`]: `GET /api/v1/links`, an owner's links a page at a time (the owner index).
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
 //! - [`domains`]: branded domains' API (register, list, approve).
@@ -58,6 +59,7 @@ pub mod relay;
 pub mod stats;
 pub mod store;
 pub mod views;
+pub mod write;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,9 +71,9 @@ use tokio_util::sync::CancellationToken;
 /// wiring.
 pub struct App {
     pub state: Arc<app::AppState>,
-    /// The relay (sweeper, expiry scheduler) when link events go to Kafka.
-    background: tokio::task::JoinSet<()>,
-    shutdown: CancellationToken,
+    /// The relay (sweeper, expiry scheduler, leader watch) when link events go to Kafka;
+    /// started by [`App::run`].
+    relay: Option<Arc<relay::Relay>>,
     grace: Duration,
     max_connections: usize,
     drain: Duration,
@@ -80,14 +82,13 @@ pub struct App {
 impl App {
     /// From a validated config and a connected session: the store's breaker and budgets,
     /// the repositories, the event sink (outbox relay and click spool with `--kafka`; without
-    /// it `no_kafka_sink`, by default a log-only sink), the request state. `shutdown` stops
-    /// the server and the relay.
+    /// it `no_kafka_sink`, by default a log-only sink), the request state. Nothing serves or
+    /// publishes until [`App::run`].
     pub async fn build(
         cfg: &config::ServeConfig,
         db: zlink_store::Db,
         clock: Arc<dyn zlink_clients::clock::Clock>,
         no_kafka_sink: Option<Arc<dyn events::EventSink>>,
-        shutdown: CancellationToken,
     ) -> Result<App, String> {
         let metrics = Arc::new(metrics::Metrics::new());
         let db = Arc::new(guard_store(db, cfg, &metrics));
@@ -96,45 +97,41 @@ impl App {
                 .await
                 .map_err(|e| format!("preparing statements: {e}"))?,
         );
-        let mut background = tokio::task::JoinSet::new();
-        let events = match (cfg.kafka_brokers(), no_kafka_sink) {
-            (None, Some(sink)) => sink,
-            _ => event_sink(
-                cfg,
-                store.clone(),
-                metrics.clone(),
-                clock.clone(),
-                &shutdown,
-                &mut background,
-            )?,
+        let (events, relay) = match (cfg.kafka_brokers(), no_kafka_sink) {
+            (None, Some(sink)) => (sink, None),
+            _ => event_sink(cfg, store.clone(), metrics.clone(), clock.clone())?,
         };
         let state = app::AppState::new(cfg, store, events, metrics, clock)?;
         Ok(App {
             state,
-            background,
-            shutdown,
+            relay,
             grace: Duration::from_secs(cfg.shutdown_grace_s),
             max_connections: cfg.runtime.max_connections,
             drain: Duration::from_millis(cfg.runtime.drain_ms),
         })
     }
 
-    /// Serves on an already-bound listener until `shutdown` is cancelled, drains in-flight
-    /// requests for at most the grace period, then closes the event sink (fsyncs the click
-    /// spool and ships what Kafka takes in a few seconds) and waits for the relay to finish
-    /// its pass and flush its producer.
-    pub async fn run(mut self, listener: TcpListener) {
+    /// Starts the relay, serves on an already-bound listener until `shutdown` is cancelled,
+    /// drains in-flight requests for at most the grace period, then closes the event sink
+    /// (fsyncs the click spool and ships what Kafka takes in a few seconds) and waits for the
+    /// relay to finish its pass and flush its producer.
+    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) {
+        let mut background = tokio::task::JoinSet::new();
+        if let Some(relay) = &self.relay {
+            background.spawn(relay.clone().run(shutdown.clone()));
+            background.spawn(relay.clone().watch_leaders(shutdown.clone()));
+        }
         http::serve(
             listener,
             self.state.clone(),
-            self.shutdown.clone(),
+            shutdown,
             self.grace,
             self.max_connections,
             self.drain,
         )
         .await;
         self.state.events.close().await;
-        while self.background.join_next().await.is_some() {}
+        while background.join_next().await.is_some() {}
     }
 }
 
@@ -157,16 +154,17 @@ fn guard_store(
     )
 }
 
+/// The sink of a primary with Kafka.
+type Sink = (Arc<dyn events::EventSink>, Option<Arc<relay::Relay>>);
+
 /// Chooses where link events go: through the outbox relay to Kafka when `--kafka` is set
-/// (spawning the relay's sweeper/expiry loop into `background`), else only counted.
+/// (the relay, whose sweeper and expiry loop [`App::run`] starts), else only counted.
 fn event_sink(
     cfg: &config::ServeConfig,
     store: Arc<store::Store>,
     metrics: Arc<metrics::Metrics>,
     clock: Arc<dyn zlink_clients::clock::Clock>,
-    shutdown: &CancellationToken,
-    background: &mut tokio::task::JoinSet<()>,
-) -> Result<Arc<dyn events::EventSink>, String> {
+) -> Result<Sink, String> {
     match cfg.kafka_brokers() {
         Some(brokers) => {
             let settings = relay::KafkaSettings {
@@ -184,13 +182,15 @@ fn event_sink(
             )?;
             let relay = relay::Relay::new(&settings, store, metrics, clock, &cfg.instance)
                 .map_err(|e| format!("creating the Kafka producer: {e}"))?;
-            background.spawn(relay.clone().run(shutdown.clone()));
-            background.spawn(relay.clone().watch_leaders(shutdown.clone()));
-            Ok(Arc::new(relay::KafkaSink { relay, clicks }))
+            let sink = Arc::new(relay::KafkaSink {
+                relay: relay.clone(),
+                clicks,
+            });
+            Ok((sink, Some(relay)))
         }
         None => {
             tracing::warn!("no --kafka: link events are not published (no outbox)");
-            Ok(Arc::new(events::LogSink::new(metrics)))
+            Ok((Arc::new(events::LogSink::new(metrics)), None))
         }
     }
 }

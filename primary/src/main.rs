@@ -17,14 +17,14 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let db = connect_store(&cfg.store, Duration::from_secs(60))
         .await
         .context("connecting to the store")?;
-    let app = App::build(&cfg, db, Arc::new(SystemClock), None, shutdown)
+    let app = App::build(&cfg, db, Arc::new(SystemClock), None)
         .await
         .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, keyspace = %cfg.store.keyspace, "primary serving");
-    app.run(listener).await;
+    app.run(listener, shutdown).await;
     zlink_clients::trace::flush();
     tracing::info!("primary stopped");
     Ok(())

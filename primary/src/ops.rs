@@ -1,35 +1,34 @@
-//! The operator endpoints: `/healthz` (alive), `/readyz` (the store answers), `/metrics`.
+//! The operator endpoints: `/healthz` (alive), `/readyz` (the store answers), `/metrics`,
+//! answered by [`zlink_clients::ops`] like every service's.
 
 use crate::app::AppState;
-use crate::error::{json_response, Resp};
-use http::StatusCode;
+use crate::error::Resp;
 use std::time::Duration;
+use zlink_clients::ops::{self, Readiness};
 
 /// `GET /healthz`: the process is alive.
 #[utoipa::path(operation_id = "healthz", get, path = "/healthz", tag = "ops", responses((status = 200, description = "alive")))]
 pub(crate) fn healthz() -> Resp {
-    json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+    ops::healthz()
 }
 
 /// `GET /readyz`: ready when the store answers a ping within a second.
 #[utoipa::path(operation_id = "readyz", get, path = "/readyz", tag = "ops",
     responses((status = 200, description = "ready"), (status = 503, description = "store unavailable")))]
 pub(crate) async fn readyz(state: &AppState) -> Resp {
-    match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
-        Ok(Ok(())) => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
+    let state = match tokio::time::timeout(Duration::from_secs(1), state.store.db.ping()).await {
+        Ok(Ok(())) => return ops::readyz(Readiness::Ready),
         Ok(Err(e)) => {
             // The error text (addresses, driver internals) goes to the log, never the response.
             tracing::warn!(error = %e, "not ready: store");
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({"status": "not_ready", "store": "unavailable"}),
-            )
+            "unavailable"
         }
-        Err(_) => json_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &serde_json::json!({"status": "not_ready", "store": "timeout"}),
-        ),
-    }
+        Err(_) => "timeout",
+    };
+    ops::readyz(Readiness::NotReady {
+        dependency: "store",
+        state,
+    })
 }
 
 /// `GET /metrics`: every metric of this process (Prometheus text format).
@@ -44,5 +43,5 @@ pub(crate) fn metrics(state: &AppState) -> Resp {
     nodes
         .with_label_values(&["unreachable"])
         .set(known.saturating_sub(connected) as i64);
-    zlink_redirect::error::metrics_text(state.metrics.render())
+    ops::metrics(state.metrics.render())
 }

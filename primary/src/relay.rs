@@ -22,6 +22,7 @@ use crate::events::link_event;
 use crate::events::{kind_label, EventSink};
 use crate::metrics::Metrics;
 use crate::store::Store;
+use crate::write::{self, Change};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer};
@@ -319,25 +320,10 @@ impl Relay {
                 if link.status != LinkStatus::Active || link.expires_at_ms != Some(exp) {
                     continue;
                 }
-                let row = OutboxRow::new(&slug, now, link.version + 1);
-                self.store.outbox.add(&row).await?;
-                if self
-                    .store
-                    .links
-                    .transition(
-                        &slug,
-                        LinkStatus::Active,
-                        link.version,
-                        LinkStatus::Expired,
-                        None,
-                    )
-                    .await?
+                let expire = Change::Status(LinkStatus::Expired, None);
+                if let Some((updated, Some(row))) =
+                    write::change(&self.store, true, link, expire, now).await?
                 {
-                    let updated = Link {
-                        status: LinkStatus::Expired,
-                        version: link.version + 1,
-                        ..link
-                    };
                     self.spawn_fast_path(link_event(LinkEventKind::Expired, &updated, now), row);
                     expired += 1;
                 }

@@ -107,13 +107,3 @@ pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T) -> Resp 
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
-
-/// The Prometheus text exposition of a rendered registry.
-pub fn metrics_text(body: Vec<u8>) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    r
-}

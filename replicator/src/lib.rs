@@ -16,12 +16,11 @@ pub use zlink_clients::s3;
 
 use apply::Applier;
 use consumer::Pipeline;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use zlink_clients::ops::{self, Ops};
+use zlink_clients::ops::{self, Ops, Readiness};
 
 /// The composition root of `replicator run`, used by `main` and the tests alike.
 pub struct App {
@@ -66,10 +65,7 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let metrics = applier.metrics.clone();
-    let ops = Arc::new(Ops {
-        render: Box::new(move || metrics.render()),
-        ready: false.into(),
-    });
+    let ops = Arc::new(Ops::new(Box::new(move || metrics.render())));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(ops::serve(listener, ops.clone(), shutdown.clone()));
     tasks.spawn({
@@ -87,8 +83,11 @@ async fn run(
                 let kafka_ok = tokio::task::spawn_blocking(move || p.kafka_reachable())
                     .await
                     .unwrap_or(false);
-                ops.ready
-                    .store(s3_ok && store_ok && kafka_ok, Ordering::Relaxed);
+                ops.set_readiness(Readiness::of(&[
+                    ("s3", s3_ok),
+                    ("store", store_ok),
+                    ("kafka", kafka_ok),
+                ]));
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {}

@@ -116,11 +116,11 @@ pub async fn spawn_primary(
     let recording = Arc::new(RecordingSink::default());
     let clock = clock.unwrap_or_else(|| Arc::new(SystemClock));
     let shutdown = CancellationToken::new();
-    let app = primary::App::build(&cfg, db, clock, Some(recording.clone()), shutdown.clone())
+    let app = primary::App::build(&cfg, db, clock, Some(recording.clone()))
         .await
         .expect("primary built");
     let state = app.state.clone();
-    let task = tokio::spawn(app.run(listener));
+    let task = tokio::spawn(app.run(listener, shutdown.clone()));
     PrimaryHandle {
         base,
         keyspace: keyspace.to_string(),
@@ -282,14 +282,15 @@ pub async fn spawn_lastresort(
     let cfg =
         <lastresort::config::Config as clap::Parser>::try_parse_from(argv).expect("valid flags");
     cfg.validate().expect("valid config");
-    let state =
-        lastresort::state(&cfg, Arc::new(lastresort::metrics::Metrics::new())).expect("state");
+    let app = lastresort::App::build(&cfg, Arc::new(lastresort::metrics::Metrics::new()))
+        .expect("lastresort built");
+    let state = app.state.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(lastresort::run(listener, state.clone(), shutdown.clone()));
+    let task = tokio::spawn(app.run(listener, shutdown.clone()));
     LastresortHandle {
         base,
         state,
