@@ -313,7 +313,7 @@ pub fn event(
     ClickEvent {
         schema: CLICK_EVENT_SCHEMA,
         id: origin.id,
-        slug: slug.to_string(),
+        key: slug.into(),
         at_ms: origin.at_ms,
         tier,
         referrer: header_text(headers, header::REFERER, MAX_REFERRER),
@@ -337,7 +337,7 @@ const FRAME_V2: u8 = 0xFE;
 pub fn frame(ev: &ClickEvent, trace: Option<&TraceContext>) -> Vec<u8> {
     // A plain struct of strings and numbers: serialisation cannot fail.
     let json = serde_json::to_vec(ev).unwrap_or_default();
-    let key = &ev.slug.as_bytes()[..ev.slug.len().min(255)];
+    let key = &ev.key.as_bytes()[..ev.key.len().min(255)];
     let tp = trace.map(TraceContext::header).unwrap_or_default();
     let mut out = Vec::with_capacity(12 + tp.len() + key.len() + json.len());
     out.push(FRAME_V2);

@@ -45,7 +45,7 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
     if ev.schema != CLICK_EVENT_SCHEMA {
         return Err("schema");
     }
-    if !zlink_wire::domain::is_valid_key(&ev.slug) {
+    if !ev.key.is_valid() {
         return Err("slug");
     }
     // Before 2020 (FIRST_CLICK_MS): a broken clock or a forgery; the stats read no further back.

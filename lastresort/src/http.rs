@@ -3,7 +3,7 @@
 //! errors are the kit's, so they match what primary sends for the same link (SYSTEM.md
 //! invariant 7) by construction.
 
-use crate::lookup::Lookup;
+use crate::lookup::Resolver;
 use crate::metrics::Metrics;
 use http::{HeaderValue, Method, Request, StatusCode};
 use hyper::body::Incoming;
@@ -19,12 +19,12 @@ use zlink_clients::ops::{self, Readiness};
 use zlink_clients::trace::{self, RequestTrace};
 use zlink_redirect::decide::Outcome;
 use zlink_redirect::error::json;
-use zlink_redirect::pipeline::{self, Tier};
+use zlink_redirect::pipeline::{self, RedirectTier};
 use zlink_redirect::{Peer, Reject, Resp};
 use zlink_wire::domain::Hosts;
 
 pub struct State {
-    pub lookup: Lookup,
+    pub lookup: Resolver,
     pub clicks: Arc<Clicks>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
@@ -44,7 +44,7 @@ pub struct State {
     pub drain: std::time::Duration,
 }
 
-impl Tier for State {
+impl RedirectTier for State {
     const NAME: &'static str = "lastresort";
     type Answer = Outcome;
 

@@ -78,7 +78,7 @@ fn state(cfg: &config::Config, metrics: Arc<metrics::Metrics>) -> Result<Arc<htt
         )
     });
     let s3_breaker = Breaker::new("s3", cfg.s3_breaker(), Some(metrics.breakers.clone()));
-    let lookup = lookup::Lookup::new(
+    let lookup = lookup::Resolver::new(
         lookup::LookupSettings {
             fresh_ttl: Duration::from_millis(cfg.fresh_ttl_ms),
             journal_ttl: (cfg.journal_ttl_ms > 0)

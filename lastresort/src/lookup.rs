@@ -96,7 +96,7 @@ pub struct LookupSettings {
     pub s3_budget: Duration,
 }
 
-pub struct Lookup {
+pub struct Resolver {
     s3_breaker: Breaker,
     fresh: LocalCache<Fresh>,
     /// The journal reader keeps up: answers read from S3 now may live the journal TTL.
@@ -110,7 +110,7 @@ pub struct Lookup {
     settings: LookupSettings,
 }
 
-impl Lookup {
+impl Resolver {
     pub fn new(
         settings: LookupSettings,
         memcached: Option<Memcached>,
@@ -118,7 +118,7 @@ impl Lookup {
         s3_breaker: Breaker,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Lookup {
+        Resolver {
             s3_breaker,
             fresh: LocalCache::with_short_ttl(
                 settings.capacity,

@@ -234,7 +234,7 @@ mod tests {
         );
         assert_eq!(ev.at_ms, 1_795_328_181_120);
         assert_eq!(ev.tier, Tier::LastresortNginx);
-        assert_eq!(ev.slug, "abc");
+        assert_eq!(ev.key, "abc");
         assert_eq!(ev.referrer.as_deref(), Some("https://t.co/x"));
         assert_eq!(ev.agent, zlink_wire::events::AgentClass::Preview);
         assert_eq!(

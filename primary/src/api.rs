@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use zlink_store::Link;
+use zlink_wire::domain::LinkKey;
 use zlink_wire::events::LinkEventKind;
 use zlink_wire::{link, longurl, slug, LinkStatus};
 
@@ -62,7 +63,7 @@ pub(crate) struct Created {
 
 /// A link as the API answers it (on the frontend's or its branded domain's short URL).
 pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> LinkView {
-    LinkView::of(state.short_url(&l.slug), l, now_ms)
+    LinkView::of(state.short_url(&l.key), l, now_ms)
 }
 
 fn sha256_hex(parts: &[&str]) -> String {
@@ -144,20 +145,20 @@ pub(crate) async fn create_link(
     }
 
     // The link key: the slug, on a branded domain `<domain>/<slug>`.
-    let mut slug = match &body.slug {
-        Some(s) => zlink_wire::domain::key(domain.as_deref(), s),
+    let mut key = match &body.slug {
+        Some(s) => LinkKey::new(domain.as_deref(), s),
         None => {
             let id = state.ids.next_id().await?;
             let auto = state
                 .codec
                 .encode(id)
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
-            zlink_wire::domain::key(domain.as_deref(), &auto)
+            LinkKey::new(domain.as_deref(), &auto)
         }
     };
     // Every retry with the same key converges on the slug the first attempt claimed.
     let idem = match idem_key {
-        Some(key) => {
+        Some(idem_key) => {
             let fingerprint = sha256_hex(&[
                 &url,
                 body.slug.as_deref().unwrap_or(""),
@@ -169,7 +170,7 @@ pub(crate) async fn create_link(
             if let Some((won_slug, won_fp)) = state
                 .store
                 .links
-                .claim_idempotency(&principal.owner, key, &slug, &fingerprint, now)
+                .claim_idempotency(&principal.owner, idem_key, &key, &fingerprint, now)
                 .await?
             {
                 if won_fp != fingerprint {
@@ -178,15 +179,15 @@ pub(crate) async fn create_link(
                         "this Idempotency-Key was used with a different request".into(),
                     ));
                 }
-                slug = won_slug;
+                key = LinkKey::from(won_slug);
             }
-            Some(sha256_hex(&[&principal.owner, key]))
+            Some(sha256_hex(&[&principal.owner, idem_key]))
         }
         None => None,
     };
 
     let new = Link {
-        slug,
+        key,
         url,
         owner: principal.owner.clone(),
         status: LinkStatus::Active,
@@ -201,11 +202,11 @@ pub(crate) async fn create_link(
     let existing = match write::insert(&state.store, state.events.uses_outbox(), &new, now).await? {
         Inserted::Taken(existing) => existing,
         Inserted::Created => {
-            state.cache.forget_local(&new.slug).await;
+            state.cache.forget_local(&new.key).await;
             state
                 .events
                 .link_changed(link_event(LinkEventKind::Created, &new, now));
-            tracing::info!(slug = %new.slug, owner = ?new.owner, "link created");
+            tracing::info!(slug = %new.key, owner = ?new.owner, "link created");
             return Ok(Created {
                 link: new,
                 replayed: false,
@@ -227,7 +228,7 @@ pub(crate) async fn create_link(
     // Auto slugs cannot collide unless the slug key changed under existing links.
     Err(ApiError::Internal(format!(
         "auto slug {:?} already exists; was ZLINK_SLUG_KEY changed?",
-        new.slug
+        new.key
     )))
 }
 
@@ -349,11 +350,11 @@ pub(super) async fn change(
     };
     state
         .cache
-        .changed(&updated.slug, &crate::cache::CachedLink::from(&updated))
+        .changed(&updated.key, &crate::cache::CachedLink::from(&updated))
         .await;
     state.events.link_changed(link_event(kind, &updated, now));
     tracing::info!(
-        slug = %updated.slug,
+        slug = %updated.key,
         status = %updated.status,
         version = updated.version,
         kind = crate::events::kind_label(kind),

@@ -56,8 +56,8 @@ pub struct AppState {
     pub events: Arc<dyn EventSink>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
-    /// Click aggregates, prepared on first use (only the stats routes need them).
-    pub clicks: tokio::sync::OnceCell<Arc<ClickStore>>,
+    /// The click stats read model (aggregates), prepared on first use (only the stats routes need them).
+    pub click_stats: tokio::sync::OnceCell<Arc<ClickStore>>,
     /// Branded domain registrations (or their absence) by name, kept two seconds: creates on a
     /// domain and the destination check read them.
     pub domain_cache: moka::future::Cache<String, Option<zlink_store::domains::Domain>>,
@@ -195,7 +195,7 @@ impl AppState {
             events,
             metrics,
             clock,
-            clicks: tokio::sync::OnceCell::new(),
+            click_stats: tokio::sync::OnceCell::new(),
             domain_cache: moka::future::Cache::builder()
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_secs(2))

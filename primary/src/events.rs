@@ -13,7 +13,7 @@ use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA
 
 pub trait EventSink: Send + Sync + 'static {
     /// True if this sink drains the outbox: handlers then write an outbox row
-    /// `(ev.slug, ev.at_ms, ev.version)` before every change they announce.
+    /// `(ev.key, ev.at_ms, ev.version)` before every change they announce.
     fn uses_outbox(&self) -> bool {
         false
     }
@@ -33,7 +33,7 @@ pub fn link_event(kind: LinkEventKind, l: &Link, now_ms: i64) -> LinkEvent {
     LinkEvent {
         schema: LINK_EVENT_SCHEMA,
         kind,
-        slug: l.slug.clone(),
+        key: l.key.clone(),
         url: l.url.clone(),
         status: l.status,
         version: l.version,
@@ -72,7 +72,7 @@ impl EventSink for LogSink {
             .events
             .with_label_values(&["links", kind_label(ev.kind)])
             .inc();
-        tracing::debug!(slug = %ev.slug, kind = kind_label(ev.kind), version = ev.version, "link event");
+        tracing::debug!(slug = %ev.key, kind = kind_label(ev.kind), version = ev.version, "link event");
     }
 
     fn clicked(&self, ev: ClickEvent) -> bool {
@@ -80,7 +80,7 @@ impl EventSink for LogSink {
             .events
             .with_label_values(&["clicks", "click"])
             .inc();
-        tracing::trace!(slug = %ev.slug, id = %ev.id, "click event");
+        tracing::trace!(slug = %ev.key, id = %ev.id, "click event");
         false
     }
 }

@@ -45,7 +45,7 @@ pub struct ListQuery {
 /// The cursor: `<created ms>.<slug>` of the last link returned, base64url without padding, so
 /// clients treat it as opaque.
 pub fn encode_cursor(p: &ListPosition) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}.{}", p.created_at_ms, p.slug))
+    URL_SAFE_NO_PAD.encode(format!("{}.{}", p.created_at_ms, p.key))
 }
 
 /// A cursor [`encode_cursor`] gave (canonical base64url only), else `None`.
@@ -61,7 +61,7 @@ pub fn decode_cursor(c: &str) -> Option<ListPosition> {
     }
     Some(ListPosition {
         created_at_ms,
-        slug: slug.to_string(),
+        key: slug.into(),
     })
 }
 
@@ -196,14 +196,13 @@ pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiErro
                     None => status != LinkStatus::Deleted,
                 };
                 let found = q.search.as_deref().is_none_or(|needle| {
-                    link.slug.to_lowercase().contains(needle)
+                    link.key.to_lowercase().contains(needle)
                         || link
                             .alias
                             .as_deref()
                             .is_some_and(|a| a.to_lowercase().contains(needle))
                 });
-                let on_domain =
-                    domain_filter.is_none_or(|d| zlink_wire::domain::split(&link.slug).0 == d);
+                let on_domain = domain_filter.is_none_or(|d| link.key.domain() == d);
                 if !wanted || !found || !on_domain {
                     continue;
                 }
@@ -233,7 +232,7 @@ async fn read_links(
     state: &AppState,
     entries: &[ListPosition],
 ) -> Result<Vec<Option<Link>>, ApiError> {
-    let slugs: Vec<String> = entries.iter().map(|e| e.slug.clone()).collect();
+    let slugs: Vec<String> = entries.iter().map(|e| e.key.to_string()).collect();
     let links: Vec<Result<Option<Link>, _>> = stream::iter(slugs)
         .map(|slug| async move { state.store.links.get_for_api(&slug).await })
         .buffered(READ_CONCURRENCY)
@@ -271,7 +270,7 @@ mod tests {
         ] {
             let p = ListPosition {
                 created_at_ms: 1_790_000_000_123,
-                slug: slug.into(),
+                key: slug.into(),
             };
             let c = encode_cursor(&p);
             assert!(c
@@ -294,7 +293,7 @@ mod tests {
         let good = encode_cursor(&ListPosition {
             created_at_ms: 1,
             // "1.abcde": 7 bytes, so the last character carries 4 unused bits.
-            slug: "abcde".into(),
+            key: "abcde".into(),
         });
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
         let mut tweaked = good.clone().into_bytes();

@@ -117,7 +117,7 @@ pub async fn get<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
     if link.status == LinkStatus::Deleted {
         return Err(ApiError::Gone);
     }
-    let short_url = state.short_url(&link.slug);
+    let short_url = state.short_url(&link.key);
     // Rendered on a blocking thread: a large PNG can take milliseconds of CPU, which on a
     // runtime with one worker (`--worker-threads 1`) every redirect would wait behind.
     let (body, content_type) = tokio::task::spawn_blocking(move || {

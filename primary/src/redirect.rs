@@ -9,9 +9,9 @@ use crate::error::ApiError;
 use http::{HeaderValue, Request};
 use std::time::Duration;
 use zlink_clients::clicks;
-use zlink_redirect::pipeline::{self, Tier};
+use zlink_redirect::pipeline::{self, RedirectTier};
 use zlink_redirect::{layer, Peer, Reject, Resp};
-use zlink_wire::events::Tier as ClickTier;
+use zlink_wire::events::Tier;
 use zlink_wire::slug;
 
 #[utoipa::path(operation_id = "redirect", get, path = "/{slug}", tag = "redirect",
@@ -22,7 +22,7 @@ pub async fn redirect<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -
     pipeline::redirect(state, req, slug).await
 }
 
-impl Tier for AppState {
+impl RedirectTier for AppState {
     const NAME: &'static str = "primary";
     type Answer = Lookup;
 
@@ -81,7 +81,7 @@ impl Tier for AppState {
             .trusted_proxies
             .origin(Peer::ip_of(req), req.headers(), now_ms);
         let ev = clicks::event(
-            ClickTier::Primary,
+            Tier::Primary,
             &self.settings.ip_hash_salt,
             &self.settings.geo,
             key,

@@ -179,7 +179,7 @@ impl Relay {
         };
         span.set("topic", self.topic.clone());
         let tp = span.ctx().header();
-        let key = ev.slug.as_bytes();
+        let key = ev.key.as_bytes();
         let record = |partition: Option<i32>| {
             let r = FutureRecord::to(&self.topic)
                 .key(key)
@@ -252,17 +252,17 @@ impl Relay {
 
     /// The sweeper's decision for one outbox row; true if the row is gone.
     async fn sweep_row(&self, row: &OutboxRow, now: i64) -> Result<bool, StoreError> {
-        match self.store.links.get_serial(&row.slug).await? {
+        match self.store.links.get_serial(&row.key).await? {
             Some(link) if link.version >= row.version => {
                 let ev = link_event(current_kind(&link), &link, now);
                 if let Err(e) = self.publish_and_clear(&ev, row).await {
-                    tracing::warn!(slug = %row.slug, error = %e, "outbox sweep: publish failed; will retry");
+                    tracing::warn!(slug = %row.key, error = %e, "outbox sweep: publish failed; will retry");
                     return Ok(false);
                 }
                 Ok(true)
             }
             _ if row.at_ms < now - ABANDON_AFTER_MS => {
-                tracing::info!(slug = %row.slug, version = row.version, "outbox row for a change that never happened; dropping");
+                tracing::info!(slug = %row.key, version = row.version, "outbox row for a change that never happened; dropping");
                 self.store.outbox.delete(row).await?;
                 Ok(true)
             }
@@ -363,7 +363,7 @@ impl Relay {
         tokio::spawn(async move {
             if let Err(e) = relay.publish_and_clear(&ev, &row).await {
                 // The row stays; the sweeper republishes it.
-                tracing::warn!(slug = %ev.slug, version = ev.version, error = %e, "link event not published yet");
+                tracing::warn!(slug = %ev.key, version = ev.version, error = %e, "link event not published yet");
             }
         });
     }
@@ -431,7 +431,7 @@ pub struct KafkaSink {
 
 impl EventSink for KafkaSink {
     fn link_changed(&self, ev: LinkEvent) {
-        let row = OutboxRow::new(&ev.slug, ev.at_ms, ev.version);
+        let row = OutboxRow::new(&ev.key, ev.at_ms, ev.version);
         self.relay.spawn_fast_path(ev, row);
     }
 

@@ -24,7 +24,7 @@ fn since_day(link: &zlink_store::links::Link) -> i32 {
 
 async fn click_store(state: &AppState) -> Result<Arc<ClickStore>, ApiError> {
     state
-        .clicks
+        .click_stats
         .get_or_try_init(|| async {
             ClickStore::prepare(state.store.db.clone())
                 .await
@@ -45,10 +45,10 @@ pub async fn api<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<Re
     let link = load_managed(state, &principal, slug, false).await?;
     let stats = click_store(state)
         .await?
-        .link_stats(&link.slug, since_day(&link))
+        .link_stats(&link.key, since_day(&link))
         .await?;
     let today = day_of(state.clock.now_ms());
-    let body = crate::views::Stats::of(&stats, &link.slug, today, RECENT_DAYS);
+    let body = crate::views::Stats::of(&stats, &link.key, today, RECENT_DAYS);
     Ok(json_response(StatusCode::OK, &body))
 }
 
@@ -78,9 +78,9 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
     let store = click_store(state).await?;
     let total = state
         .info_totals
-        .try_get_with(link.slug.clone(), async {
+        .try_get_with(link.key.to_string(), async {
             store
-                .link_stats(&link.slug, since_day(&link))
+                .link_stats(&link.key, since_day(&link))
                 .await
                 .map(|s| (s.total, s.humans()))
         })
@@ -89,7 +89,7 @@ pub async fn info<B>(state: &AppState, req: &Request<B>, slug: &str) -> Result<R
     let created = chrono::DateTime::from_timestamp_millis(link.created_at_ms)
         .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
         .unwrap_or_default();
-    let body = page(&state.short_url(&link.slug), &link.url, &created, total);
+    let body = page(&state.short_url(&link.key), &link.url, &created, total);
     let mut resp = Resp::new(Full::new(Bytes::from(body)));
     let h = resp.headers_mut();
     h.insert(

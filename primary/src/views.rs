@@ -39,7 +39,7 @@ pub struct LinkView {
 impl LinkView {
     /// `l` as of `now_ms`, answered under `short_url`.
     pub fn of(short_url: String, l: &Link, now_ms: i64) -> LinkView {
-        let (domain, slug) = zlink_wire::domain::split(&l.slug);
+        let (domain, slug) = (l.key.domain(), l.key.slug());
         LinkView {
             slug: slug.to_string(),
             domain: domain.map(str::to_string),
@@ -289,7 +289,7 @@ mod tests {
         ClickEvent {
             schema: 1,
             id: Uuid::new_v4(),
-            slug: "abc".into(),
+            key: "abc".into(),
             at_ms: 1_700_000_000_000,
             tier,
             referrer: referrer.map(String::from),
@@ -386,7 +386,7 @@ mod tests {
     #[test]
     fn a_link_shows_its_effective_status_and_who_disabled_it() {
         let mut l = Link {
-            slug: "go.example/abc".into(),
+            key: "go.example/abc".into(),
             url: "https://example.com/".into(),
             owner: "alice".into(),
             status: LinkStatus::Active,

@@ -50,7 +50,7 @@ pub async fn insert(
     let row = async {
         match outbox {
             true => {
-                let row = OutboxRow::new(&new.slug, now, new.version);
+                let row = OutboxRow::new(&new.key, now, new.version);
                 store.outbox.add(&row).await
             }
             false => Ok(()),
@@ -58,7 +58,7 @@ pub async fn insert(
     };
     let expiry = async {
         match new.expires_at_ms {
-            Some(exp) => store.expiries.add(&new.slug, exp).await,
+            Some(exp) => store.expiries.add(&new.key, exp).await,
             None => Ok(()),
         }
     };
@@ -66,12 +66,12 @@ pub async fn insert(
     if store.links.insert_if_absent(new).await? {
         return Ok(Inserted::Created);
     }
-    match store.links.get_serial(&new.slug).await? {
+    match store.links.get_serial(&new.key).await? {
         Some(existing) if existing == *new => Ok(Inserted::Created),
         Some(existing) => Ok(Inserted::Taken(existing)),
         None => Err(StoreError::Corrupt(format!(
             "slug {:?} claimed but unreadable",
-            new.slug
+            new.key
         ))),
     }
 }
@@ -93,11 +93,11 @@ pub async fn change(
         ..
     } = &what
     {
-        store.expiries.add(&link.slug, *exp).await?;
+        store.expiries.add(&link.key, *exp).await?;
     }
     let row = match outbox {
         true => {
-            let row = OutboxRow::new(&link.slug, now, link.version + 1);
+            let row = OutboxRow::new(&link.key, now, link.version + 1);
             store.outbox.add(&row).await?;
             Some(row)
         }
@@ -108,7 +108,7 @@ pub async fn change(
         Change::Status(to, disabled_by) => (
             links
                 .transition(
-                    &link.slug,
+                    &link.key,
                     link.status,
                     link.version,
                     to,
@@ -124,7 +124,7 @@ pub async fn change(
         ),
         Change::Target { url, expires_at_ms } => (
             links
-                .retarget(&link.slug, link.status, link.version, &url, expires_at_ms)
+                .retarget(&link.key, link.status, link.version, &url, expires_at_ms)
                 .await?,
             Link {
                 url,

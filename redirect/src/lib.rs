@@ -1,7 +1,7 @@
 //! The redirect-tier kit: what both redirect tiers (primary, rung 1; lastresort, rung 2) do
 //! the same way, written once so that "every rung answers identically" (SYSTEM.md invariant 7)
 //! holds by construction. Each tier supplies only its lookup chain and its click sink
-//! ([`pipeline::Tier`]).
+//! ([`pipeline::RedirectTier`]).
 //!
 //! Layers, top to bottom:
 //! - [`serve`]: the accept loop with graceful shutdown; the peer address of every request.
@@ -23,7 +23,7 @@ pub mod serve;
 
 pub use decide::{decide, Answer, Decision, Target, View};
 pub use error::{Reject, Resp};
-pub use pipeline::Tier;
+pub use pipeline::RedirectTier;
 pub use serve::Peer;
 
 /// Labels of the layer that answered a lookup (metrics `layer`, span and log `cache_layer`).

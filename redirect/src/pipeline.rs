@@ -31,7 +31,7 @@ use zlink_wire::slug;
 pub struct CacheLayer(pub &'static str);
 
 /// What a tier supplies: its lookup chain, its click sink, its settings.
-pub trait Tier: Send + Sync + 'static {
+pub trait RedirectTier: Send + Sync + 'static {
     /// `x-zlink-tier` of its redirects.
     const NAME: &'static str;
     type Answer: Answer;
@@ -64,7 +64,7 @@ pub trait Tier: Send + Sync + 'static {
 }
 
 /// Answers `GET|HEAD /{slug}` on the domain the request's `Host` names.
-pub async fn redirect<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
+pub async fn redirect<T: RedirectTier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
     let started = Instant::now();
     let host = req
         .headers()
@@ -82,7 +82,12 @@ pub async fn redirect<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) 
     resp
 }
 
-async fn phases<T: Tier, B: Sync>(tier: &T, req: &Request<B>, slug: &str, key: &str) -> Resp {
+async fn phases<T: RedirectTier, B: Sync>(
+    tier: &T,
+    req: &Request<B>,
+    slug: &str,
+    key: &str,
+) -> Resp {
     if !slug::is_valid_slug(slug) {
         return Reject::NotFound.into_response();
     }

@@ -53,7 +53,7 @@ pub fn decode(payload: Option<&[u8]>) -> Result<LinkEvent, ApplyError> {
     if ev.schema != LINK_EVENT_SCHEMA {
         return Err(bad("unknown event schema"));
     }
-    if !zlink_wire::domain::is_valid_key(&ev.slug) {
+    if !ev.key.is_valid() {
         return Err(bad("invalid link key"));
     }
     if longurl::normalize(&ev.url).as_deref() != Ok(ev.url.as_str()) {
@@ -236,7 +236,7 @@ impl Applier {
     ) -> Result<Outcome, ApplyError> {
         let recorded = self
             .retry(false, "read_version", shutdown, || async {
-                Ok(self.replicas.version(&ev.slug).await?)
+                Ok(self.replicas.version(&ev.key).await?)
             })
             .await?;
         if ev.version <= recorded {
@@ -247,10 +247,10 @@ impl Applier {
         let outcome = match desired(ev, self.clock.now_ms()) {
             Desired::Blob(blob) => {
                 let mut span = Span::in_current("s3.put");
-                span.set("slug", ev.slug.clone());
+                span.set("slug", ev.key.to_string());
                 span.set("version", ev.version);
                 self.retry(true, "put_blob", shutdown, || async {
-                    Ok(self.s3.put(&ev.slug, &blob).await?)
+                    Ok(self.s3.put(&ev.key, &blob).await?)
                 })
                 .await?;
                 span.end();
@@ -261,7 +261,7 @@ impl Applier {
                 let first_version = recorded == 0 && ev.version == 1 && ev.expires_at_ms.is_none();
                 if !first_version {
                     self.retry(true, "delete_tombstone", shutdown, || async {
-                        Ok(self.s3.delete_tombstone(&ev.slug).await?)
+                        Ok(self.s3.delete_tombstone(&ev.key).await?)
                     })
                     .await?;
                 }
@@ -269,15 +269,15 @@ impl Applier {
             }
             Desired::Tombstone(t) => {
                 let mut span = Span::in_current("s3.put_tombstone");
-                span.set("slug", ev.slug.clone());
+                span.set("slug", ev.key.to_string());
                 span.set("version", ev.version);
                 self.retry(true, "put_tombstone", shutdown, || async {
-                    Ok(self.s3.put_tombstone(&ev.slug, &t).await?)
+                    Ok(self.s3.put_tombstone(&ev.key, &t).await?)
                 })
                 .await?;
                 span.end();
                 self.retry(true, "delete_blob", shutdown, || async {
-                    Ok(self.s3.delete(&ev.slug).await?)
+                    Ok(self.s3.delete(&ev.key).await?)
                 })
                 .await?;
                 Outcome::Deleted
@@ -286,7 +286,7 @@ impl Applier {
         self.retry(false, "record_version", shutdown, || async {
             Ok(self
                 .replicas
-                .set_version(&ev.slug, ev.version, recorded == 0)
+                .set_version(&ev.key, ev.version, recorded == 0)
                 .await?)
         })
         .await?;
@@ -306,7 +306,7 @@ mod tests {
         LinkEvent {
             schema: LINK_EVENT_SCHEMA,
             kind: LinkEventKind::Created,
-            slug: "abc".into(),
+            key: "abc".into(),
             url: "https://e.com/".into(),
             status,
             version: 1,

@@ -327,10 +327,10 @@ impl Pipeline {
         let mut closed = false;
         loop {
             if let Some((_, _, ev)) = &waiting {
-                let key = ev.as_ref().ok().map(|ev| ev.slug.as_str());
+                let key = ev.as_ref().ok().map(|ev| ev.key.as_str());
                 if running.len() < lanes && window.may_start(key) {
                     let (msg, busy_guard, ev) = waiting.take().expect("checked");
-                    window.start(msg.offset(), ev.as_ref().ok().map(|ev| ev.slug.clone()));
+                    window.start(msg.offset(), ev.as_ref().ok().map(|ev| ev.key.to_string()));
                     running.push(self.apply_one(msg, ev, busy_guard, partition, &shutdown));
                     continue;
                 }
@@ -388,7 +388,7 @@ impl Pipeline {
         let result = async {
             let ev = ev?;
             let outcome = self.applier.apply(&ev, shutdown).await?;
-            tracing::info!(slug = %ev.slug, version = ev.version,
+            tracing::info!(slug = %ev.key, version = ev.version,
                 outcome = outcome.label(), "link event applied");
             Ok(outcome)
         };

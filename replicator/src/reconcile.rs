@@ -110,13 +110,13 @@ enum Checked {
 
 async fn check_link(ctx: &Ctx, link: zlink_store::Link) -> Result<Checked, ReconcileError> {
     let want = desired_for_link(&link, ctx.now_ms);
-    let have = ctx.s3.get(&link.slug).await?;
+    let have = ctx.s3.get(&link.key).await?;
     let (drift, what) = match (&want, &have) {
         (Desired::Blob(_), None) => (Drift::Missing, "blob"),
         (Desired::Blob(w), Some(obj)) if !matches(obj, w) => (Drift::Stale, "blob"),
         (Desired::Blob(_), Some(_)) => return Ok(Checked::Ok),
         (Desired::Tombstone(_), Some(_)) => (Drift::Orphan, "blob"),
-        (Desired::Tombstone(t), None) => match ctx.s3.get_tombstone(&link.slug).await? {
+        (Desired::Tombstone(t), None) => match ctx.s3.get_tombstone(&link.key).await? {
             None => (Drift::Missing, "tombstone"),
             Some(have) if have != *t => (Drift::Stale, "tombstone"),
             Some(_) => return Ok(Checked::Ok),
@@ -126,21 +126,21 @@ async fn check_link(ctx: &Ctx, link: zlink_store::Link) -> Result<Checked, Recon
     if ctx.dry_run {
         return Ok(Checked::Drift(drift, detail));
     }
-    let fresh = ctx.store.links.get_serial(&link.slug).await?;
+    let fresh = ctx.store.links.get_serial(&link.key).await?;
     if fresh.as_ref() != Some(&link) {
         return Ok(Checked::Changed);
     }
     match want {
-        Desired::Blob(b) => ctx.s3.put(&link.slug, &b).await?,
+        Desired::Blob(b) => ctx.s3.put(&link.key, &b).await?,
         Desired::Tombstone(t) => {
-            ctx.s3.put_tombstone(&link.slug, &t).await?;
-            ctx.s3.delete(&link.slug).await?;
+            ctx.s3.put_tombstone(&link.key, &t).await?;
+            ctx.s3.delete(&link.key).await?;
         }
     }
-    journal(ctx, &link.slug).await?;
+    journal(ctx, &link.key).await?;
     ctx.store
         .replicas
-        .set_version(&link.slug, link.version, false)
+        .set_version(&link.key, link.version, false)
         .await?;
     Ok(Checked::Repaired(drift, detail))
 }
@@ -208,7 +208,7 @@ pub async fn reconcile(
                     limit.clone().acquire_owned().await.expect("semaphore open"),
                 );
                 checks.spawn(async move {
-                    let slug = link.slug.clone();
+                    let slug = link.key.clone();
                     let r = check_link(&ctx, link).await;
                     drop(permit);
                     (slug, r)

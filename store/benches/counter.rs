@@ -11,7 +11,7 @@ fn click(i: usize) -> ClickEvent {
     ClickEvent {
         schema: CLICK_EVENT_SCHEMA,
         id: uuid::Uuid::new_v4(),
-        slug: "aB3dE5f".into(),
+        key: "aB3dE5f".into(),
         at_ms: 1_764_000_000_000,
         tier: [Tier::Primary, Tier::Lastresort][i % 2],
         referrer: Some(format!("https://ref{}.example/p?q={i}", i % 7)),

@@ -6,6 +6,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
 use scylla::DeserializeRow;
 use std::sync::Arc;
+use zlink_wire::domain::LinkKey;
 use zlink_wire::LinkStatus;
 
 const LINK_COLUMNS: &str =
@@ -15,7 +16,8 @@ const LINK_COLUMNS: &str =
 /// One link as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Link {
-    pub slug: String,
+    /// The `slug` column: `slug` or `<domain>/<slug>`.
+    pub key: LinkKey,
     pub url: String,
     pub owner: String,
     pub status: LinkStatus,
@@ -96,7 +98,7 @@ impl TryFrom<LinkRow> for Link {
             })?),
         };
         Ok(Link {
-            slug: r.slug,
+            key: LinkKey::from(r.slug),
             url: r.url,
             owner: r.owner,
             status,
@@ -141,7 +143,7 @@ const MONTHS_MEMO: usize = 100_000;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ListPosition {
     pub created_at_ms: i64,
-    pub slug: String,
+    pub key: LinkKey,
 }
 
 /// Months since 1970-01 (UTC) of a time in milliseconds: the bucket of the owner index.
@@ -284,7 +286,7 @@ impl Links {
                     &link.owner,
                     month,
                     CqlTimestamp(link.created_at_ms),
-                    &link.slug,
+                    &link.key.as_str(),
                 ),
             )
             .await?;
@@ -310,7 +312,13 @@ impl Links {
     ) -> Result<Vec<ListPosition>, StoreError> {
         let res = match after {
             Some(p) => {
-                let values = (owner, month, CqlTimestamp(p.created_at_ms), &p.slug, limit);
+                let values = (
+                    owner,
+                    month,
+                    CqlTimestamp(p.created_at_ms),
+                    p.key.as_str(),
+                    limit,
+                );
                 self.db.exec(&self.index_after, values).await?
             }
             None => {
@@ -321,9 +329,9 @@ impl Links {
         };
         Ok(all::<(CqlTimestamp, String)>(res)?
             .into_iter()
-            .map(|(t, slug)| ListPosition {
+            .map(|(t, key)| ListPosition {
                 created_at_ms: t.0,
-                slug,
+                key: LinkKey::from(key),
             })
             .collect())
     }
@@ -350,7 +358,7 @@ impl Links {
     /// Claims `link.slug`. Returns false if any link already has that slug.
     pub async fn insert_if_absent(&self, link: &Link) -> Result<bool, StoreError> {
         let values = (
-            &link.slug,
+            &link.key.as_str(),
             &link.url,
             &link.owner,
             link.status.as_str(),

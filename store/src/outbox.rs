@@ -24,7 +24,9 @@ pub fn outbox_shard(slug: &str) -> i32 {
 pub struct OutboxRow {
     pub shard: i32,
     pub at_ms: i64,
-    pub slug: String,
+    /// The link's key ([`LinkKey`](zlink_wire::domain::LinkKey)), in the `slug` column.
+    #[scylla(rename = "slug")]
+    pub key: String,
     pub version: i64,
     /// The trace of the request that made the change, so an event the sweeper republishes
     /// after a crash or an outage still continues it.
@@ -37,7 +39,7 @@ impl OutboxRow {
         OutboxRow {
             shard: outbox_shard(slug),
             at_ms,
-            slug: slug.to_string(),
+            key: slug.to_string(),
             version,
             traceparent: zlink_clients::trace::current().map(|t| t.header()),
         }
@@ -105,7 +107,7 @@ impl Outbox {
         let v = (
             row.shard,
             row.at_ms,
-            &row.slug,
+            &row.key,
             row.version,
             &row.traceparent,
         );
@@ -132,7 +134,7 @@ impl Outbox {
     }
 
     pub async fn delete(&self, row: &OutboxRow) -> Result<(), StoreError> {
-        let v = (row.shard, row.at_ms, &row.slug, row.version);
+        let v = (row.shard, row.at_ms, &row.key, row.version);
         self.db.exec(&self.delete, v).await?;
         Ok(())
     }

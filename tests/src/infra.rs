@@ -190,7 +190,7 @@ pub async fn clicks_in_kafka(
     while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
             let ev: ClickEvent = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            assert_eq!(m.key(), Some(ev.slug.as_bytes()), "keyed by slug");
+            assert_eq!(m.key(), Some(ev.key.as_bytes()), "keyed by slug");
             seen.insert(ev.id);
             events.push(ev);
         }

@@ -94,7 +94,7 @@ fn link() -> impl Strategy<Value = Link> {
                 let url =
                     zlink_wire::longurl::normalize(&format!("{scheme}://{host}{path}")).ok()?;
                 Some(Link {
-                    slug: "abc1234".into(),
+                    key: "abc1234".into(),
                     url,
                     owner: "k".into(),
                     status,

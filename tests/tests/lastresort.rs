@@ -384,7 +384,7 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     for ev in &events {
         assert_eq!(ev.tier, Tier::Lastresort);
         assert_eq!(ev.agent, zlink_wire::events::AgentClass::Browser);
-        assert!(ev.slug == "clk-a" || ev.slug == "clk-b");
+        assert!(ev.key == "clk-a" || ev.key == "clk-b");
         assert_eq!(ev.referrer.as_deref(), Some("https://referrer.example/"));
         assert!(ev.user_agent.as_deref().unwrap().starts_with("zlink-test/"));
         assert_eq!(ev.ip_hash.len(), 64);

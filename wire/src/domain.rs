@@ -12,9 +12,12 @@
 //! branded domain (a link exists there only if its owner registered the domain); anything else
 //! is no domain at all (404). An unknown host therefore never reaches another domain's links.
 
-use std::borrow::Cow;
+use serde::{Deserialize, Serialize};
+use std::borrow::{Borrow, Cow};
 use std::collections::HashSet;
+use std::fmt;
 use std::net::Ipv4Addr;
+use std::ops::Deref;
 use thiserror::Error;
 
 /// Longest domain name (DNS's limit).
@@ -96,6 +99,106 @@ pub fn is_valid_key(key: &str) -> bool {
     match split(key) {
         (Some(d), s) => is_domain(d) && crate::slug::is_valid_slug(s),
         (None, s) => crate::slug::is_valid_slug(s),
+    }
+}
+
+/// A link's key (see the module docs): what the store's `slug` column, the events' `slug`
+/// field, the outbox and the S3 object name hold. Serialised as the bare string, so the wire
+/// and CQL names stay `slug`. A key read from outside (an event, a log line) is what it claims
+/// to be: consumers check [`LinkKey::is_valid`] where trust ends; keys built with
+/// [`LinkKey::new`] from a checked domain and slug are valid by construction.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LinkKey(String);
+
+impl LinkKey {
+    /// The key of `slug` on `domain` (`None`: the default domain).
+    pub fn new(domain: Option<&str>, slug: &str) -> LinkKey {
+        LinkKey(key(domain, slug))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// The domain (`None`: the default domain).
+    pub fn domain(&self) -> Option<&str> {
+        split(&self.0).0
+    }
+
+    /// The slug on its domain.
+    pub fn slug(&self) -> &str {
+        split(&self.0).1
+    }
+
+    /// A valid slug, on a valid domain if it has one.
+    pub fn is_valid(&self) -> bool {
+        is_valid_key(&self.0)
+    }
+}
+
+impl From<String> for LinkKey {
+    fn from(s: String) -> LinkKey {
+        LinkKey(s)
+    }
+}
+
+impl From<&str> for LinkKey {
+    fn from(s: &str) -> LinkKey {
+        LinkKey(s.to_string())
+    }
+}
+
+impl From<LinkKey> for String {
+    fn from(k: LinkKey) -> String {
+        k.0
+    }
+}
+
+impl Deref for LinkKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for LinkKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for LinkKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LinkKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<str> for LinkKey {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for LinkKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for LinkKey {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
     }
 }
 
@@ -229,6 +332,18 @@ mod tests {
         assert_eq!(split("go.example.com/abc"), (Some("go.example.com"), "abc"));
         assert_eq!(split("abc"), (None, "abc"));
         assert!(is_valid_key("abc") && is_valid_key("go.example.com/a-c"));
+        let k = LinkKey::new(Some("go.example.com"), "abc");
+        assert_eq!(
+            (k.domain(), k.slug(), k.is_valid()),
+            (Some("go.example.com"), "abc", true)
+        );
+        assert_eq!(
+            serde_json::to_string(&k).unwrap(),
+            r#""go.example.com/abc""#
+        );
+        let back: LinkKey = serde_json::from_str(r#""abc""#).unwrap();
+        assert_eq!((back.domain(), back.slug()), (None, "abc"));
+        assert!(!LinkKey::from("a/b/c").is_valid());
         for bad in [
             "go.example.com/",
             "/abc",

@@ -5,6 +5,7 @@
 //! it without a schema registry, and events are small and rare next to redirects. Each event carries
 //! `schema` so a consumer can refuse versions it does not know instead of misreading them.
 
+use crate::domain::LinkKey;
 use crate::link::LinkStatus;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -31,7 +32,9 @@ pub enum LinkEventKind {
 pub struct LinkEvent {
     pub schema: u16,
     pub kind: LinkEventKind,
-    pub slug: String,
+    /// The link's key ([`LinkKey`]); `slug` on the wire.
+    #[serde(rename = "slug")]
+    pub key: LinkKey,
     pub url: String,
     pub status: LinkStatus,
     pub version: i64,
@@ -176,7 +179,9 @@ impl Device {
 pub struct ClickEvent {
     pub schema: u16,
     pub id: Uuid,
-    pub slug: String,
+    /// The link's key ([`LinkKey`]); `slug` on the wire.
+    #[serde(rename = "slug")]
+    pub key: LinkKey,
     pub at_ms: i64,
     pub tier: Tier,
     pub referrer: Option<String>,
@@ -262,7 +267,7 @@ mod tests {
         let ev = LinkEvent {
             schema: LINK_EVENT_SCHEMA,
             kind: LinkEventKind::Disabled,
-            slug: "abc".into(),
+            key: "abc".into(),
             url: "https://e.com/".into(),
             status: LinkStatus::Disabled,
             version: 2,

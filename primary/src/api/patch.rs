@@ -88,8 +88,8 @@ pub async fn patch(state: &AppState, req: Request<Incoming>, slug: &str) -> Resu
                         "a DELETED link cannot be changed".into(),
                     ));
                 }
-                write::set_alias(&state.store, &link.slug, alias.as_deref()).await?;
-                tracing::info!(slug = %link.slug, by = %principal.key_id, "link alias changed");
+                write::set_alias(&state.store, &link.key, alias.as_deref()).await?;
+                tracing::info!(slug = %link.key, by = %principal.key_id, "link alias changed");
                 if url.is_none() && expires_at.is_none() {
                     let updated = Link { alias, ..link };
                     return Ok(json_response(

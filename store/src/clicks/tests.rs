@@ -9,7 +9,7 @@ fn ev(tier: Tier, agent: AgentClass, referrer: Option<&str>) -> ClickEvent {
     ClickEvent {
         schema: 1,
         id: Uuid::new_v4(),
-        slug: "abc".into(),
+        key: "abc".into(),
         at_ms: 1_700_000_000_000,
         tier,
         referrer: referrer.map(String::from),

@@ -182,7 +182,7 @@ impl SourceCounter {
         let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
         let mut minutes: HashSet<i64> = HashSet::new();
         for (_, e) in events {
-            let k = (e.slug.clone(), day_of(e.at_ms));
+            let k = (e.key.to_string(), day_of(e.at_ms));
             if self.state.key_missing(&k) {
                 keys.entry((k.1, bucket_of(&k.0))).or_default().insert(k.0);
             }
@@ -337,7 +337,7 @@ impl SourceCounter {
             .iter()
             .map(|(_, e)| (e, day_of(e.at_ms)))
             .filter(|(_, day)| is_late(*day, today))
-            .map(|(e, day)| (e.slug.clone(), month_of_day(day)))
+            .map(|(e, day)| (e.key.to_string(), month_of_day(day)))
             .collect();
         if months.is_empty() {
             return Ok(());

@@ -98,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
                 let ev = ClickEvent {
                     schema: CLICK_EVENT_SCHEMA,
                     id: uuid::Uuid::new_v4(),
-                    slug: format!("bench-{run}-{}", i % slugs),
+                    key: format!("bench-{run}-{}", i % slugs).into(),
                     at_ms: chrono::Utc::now().timestamp_millis(),
                     tier: if i % 2 == 0 {
                         Tier::Primary
@@ -123,7 +123,9 @@ async fn main() -> anyhow::Result<()> {
                 inflight.spawn(async move {
                     producer
                         .send(
-                            FutureRecord::to(&topic).key(&ev.slug).payload(&payload),
+                            FutureRecord::to(&topic)
+                                .key(ev.key.as_str())
+                                .payload(&payload),
                             Duration::from_secs(30),
                         )
                         .await

@@ -41,7 +41,7 @@ fn event(i: usize) -> ClickEvent {
     ClickEvent {
         schema: CLICK_EVENT_SCHEMA,
         id: Uuid::new_v4(),
-        slug: format!("count-{}", i % SLUGS),
+        key: format!("count-{}", i % SLUGS).into(),
         at_ms: now_ms() - (i % 3) as i64 * DAY_MS,
         tier: tiers[i % 3],
         referrer: (!i.is_multiple_of(5)).then(|| format!("https://ref{}.example/p?q={i}", i % 5)),
@@ -65,7 +65,7 @@ fn expected(events: &[ClickEvent]) -> BTreeMap<String, LinkStats> {
     let mut seen = HashSet::new();
     let mut out: BTreeMap<String, LinkStats> = BTreeMap::new();
     for e in events.iter().filter(|e| seen.insert(e.id)) {
-        let s = out.entry(e.slug.clone()).or_default();
+        let s = out.entry(e.key.to_string()).or_default();
         s.total += 1;
         *s.by_tier.entry(tier_name(e.tier).into()).or_default() += 1;
         let agent = match e.agent {
@@ -101,7 +101,7 @@ async fn produce(brokers: &str, topic: &str, events: &[ClickEvent]) {
             .map(|e| {
                 let payload = serde_json::to_vec(e).unwrap();
                 let producer = producer.clone();
-                let (slug, topic) = (e.slug.clone(), topic.to_string());
+                let (slug, topic) = (e.key.to_string(), topic.to_string());
                 tokio::spawn(async move {
                     producer
                         .send(

@@ -120,7 +120,7 @@ async fn old_months_are_read_as_rollups_and_late_clicks_reopen_their_month() {
     let mut click = |day: i32| {
         n += 1;
         let mut e = event(n);
-        e.slug = slug.clone();
+        e.key = slug.as_str().into();
         e.at_ms = i64::from(day) * DAY_MS + (n as i64 % 1000) * 60_000;
         e
     };
@@ -240,7 +240,7 @@ async fn rows_of_the_counter_before_click_sums_are_read_and_their_clicks_not_cou
     let events: Vec<ClickEvent> = (0..5)
         .map(|i| {
             let mut e = event(i);
-            e.slug = "upgraded".into();
+            e.key = "upgraded".into();
             e.at_ms = at;
             e
         })

@@ -385,7 +385,7 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
         .iter()
         .find(|e| e.id == id)
         .expect("the rung-3 click in Kafka");
-    assert_eq!(ev.slug, "go.brand.example/promo");
+    assert_eq!(ev.key, "go.brand.example/promo");
 
     // A lastresort host whose processes are all down from the start: rung 3 directly.
     let mut direct = lastresort_host_values(dead_server(), &infra, &n.s3_prefix, &click_log);

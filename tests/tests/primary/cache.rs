@@ -220,7 +220,7 @@ async fn migrate_upgrades_a_keyspace_an_older_release_made() {
     assert_eq!(store.links.owner_months("old").await.unwrap(), vec![0]);
     let page = store.links.owner_page("old", 0, None, 10).await.unwrap();
     assert_eq!(
-        page.iter().map(|p| p.slug.as_str()).collect::<Vec<_>>(),
+        page.iter().map(|p| p.key.as_str()).collect::<Vec<_>>(),
         vec!["old-link"]
     );
 }

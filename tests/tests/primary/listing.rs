@@ -106,7 +106,7 @@ async fn an_owner_lists_its_links_newest_first_across_months_page_by_page() {
     // An entry whose link was never created (a create that died between the two writes) and
     // one of Alice's slugs claimed by Bob first (an entry for a link that is not hers).
     let ghost = zlink_store::Link {
-        slug: "ghost".into(),
+        key: "ghost".into(),
         url: "https://example.com/ghost".into(),
         owner: "alice".into(),
         status: zlink_wire::LinkStatus::Active,

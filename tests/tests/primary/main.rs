@@ -294,7 +294,7 @@ async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
     let p = spawn_primary(&infra, &ks, &[], None).await;
     let links = &p.state.store.links;
     let link = zlink_store::Link {
-        slug: "brand.example/twice".into(),
+        key: "brand.example/twice".into(),
         url: "https://example.com/twice?a=1&b=<2>".into(),
         owner: "alice".into(),
         status: zlink_wire::LinkStatus::Active,
@@ -315,7 +315,7 @@ async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
         "the second copy does not"
     );
     assert_eq!(
-        links.get_serial(&link.slug).await.unwrap().as_ref(),
+        links.get_serial(&link.key).await.unwrap().as_ref(),
         Some(&link),
         "and finds the very link it was writing"
     );
@@ -326,7 +326,7 @@ async fn a_slug_claim_sent_twice_finds_exactly_its_own_link() {
     };
     assert!(!links.insert_if_absent(&other).await.unwrap());
     assert_ne!(
-        links.get_serial(&link.slug).await.unwrap().as_ref(),
+        links.get_serial(&link.key).await.unwrap().as_ref(),
         Some(&other)
     );
     p.stop().await;

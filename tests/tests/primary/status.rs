@@ -243,7 +243,7 @@ async fn delete_is_final_idempotent_and_gives_410_on_every_instance() {
         .lock()
         .unwrap()
         .iter()
-        .filter(|e| e.slug == "to-delete")
+        .filter(|e| e.key == "to-delete")
         .map(|e| (e.kind, e.version))
         .collect();
     assert_eq!(

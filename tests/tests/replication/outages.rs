@@ -126,7 +126,7 @@ async fn primary_redirects_reach_the_clicks_topic_through_the_spool() {
     assert_eq!(previews.len(), 10, "link-preview fetches are told apart");
     for ev in events {
         assert_eq!(ev.tier, zlink_wire::events::Tier::Primary);
-        assert_eq!(ev.slug, "click-me");
+        assert_eq!(ev.key, "click-me");
         assert_eq!(
             ev.ip_hash, want_hash,
             "client IP from the loopback proxy's X-Forwarded-For"

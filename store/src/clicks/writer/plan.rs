@@ -102,7 +102,7 @@ impl SourceState {
         let mut plan = Plan::default();
         for &(offset, e) in events {
             let minute = minute_of(e.at_ms);
-            let key = (e.slug.clone(), day_of(e.at_ms));
+            let key = (e.key.to_string(), day_of(e.at_ms));
             let bucket = self.buckets.get_mut(&minute).expect("minute loaded");
             bucket.touched = self.clock;
             let ks = self.keys.get_mut(&key).expect("key loaded");
@@ -178,7 +178,7 @@ mod tests {
         ClickEvent {
             schema: 1,
             id: Uuid::new_v4(),
-            slug: slug.into(),
+            key: slug.into(),
             at_ms,
             tier: Tier::Primary,
             referrer: None,
@@ -195,7 +195,7 @@ mod tests {
     fn fresh(events: &[(i64, &ClickEvent)]) -> SourceState {
         let mut s = SourceState::default();
         for (_, e) in events {
-            let k = (e.slug.clone(), day_of(e.at_ms));
+            let k = (e.key.to_string(), day_of(e.at_ms));
             if s.key_missing(&k) {
                 s.insert_key(k, -1, DayCounts::default(), false);
             }
