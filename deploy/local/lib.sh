@@ -16,9 +16,8 @@ set -euo pipefail
 ZLINK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ZLINK_CACHE="${ZLINK_CACHE:-$HOME/.cache/zlink}"
 ZLINK_RUN="${ZLINK_RUN:-$ZLINK_ROOT/.zlink/local}"
-# Every port is ZLINK_PORT_BASE + a fixed offset (see zl_port), so two topologies need bases at
-# least 1000 apart. SeaweedFS's gRPC ports are set explicitly: its default (+10000) put them in
-# the kernel's ephemeral range (32768+), where an outgoing connection could hold one first.
+# Every port is ZLINK_PORT_BASE + its offset in deploy/local/topology.tsv (see zl_port), so two
+# topologies need bases at least 1000 apart.
 ZLINK_PORT_BASE="${ZLINK_PORT_BASE:-21000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ZLINK_CACHE/target}"
 
@@ -52,8 +51,9 @@ S3_BUCKET="${ZLINK_S3_BUCKET:-links}"
 # S3 credentials of the services' identity (local only; never used outside 127.0.0.1).
 S3_ACCESS_KEY="zlink-local"
 S3_SECRET_KEY="zlink-local-secret-not-for-production"
-PRIMARY_COUNT=2
-LASTRESORT_COUNT=2
+# As many primaries and last-resort proxies as deploy/local/topology.tsv has rows for.
+PRIMARY_COUNT="$(grep -c '^primary-[0-9]' "$ZLINK_ROOT/deploy/local/topology.tsv")"
+LASTRESORT_COUNT="$(grep -c '^lastresort-[0-9]' "$ZLINK_ROOT/deploy/local/topology.tsv")"
 
 # Components in start order; `down` stops them in reverse.
 zl_components() {
@@ -70,51 +70,16 @@ zl_components() {
   echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort prometheus
 }
 
+# Ports: ZLINK_PORT_BASE + the offset deploy/local/topology.tsv gives each name.
+declare -gA ZL_PORT_OFFSET=()
+while read -r _zl_name _zl_off _; do
+  [[ -z "$_zl_name" || "$_zl_name" == \#* ]] && continue
+  ZL_PORT_OFFSET[$_zl_name]="$_zl_off"
+done <"$ZLINK_ROOT/deploy/local/topology.tsv"
+unset _zl_name _zl_off
 zl_port() {
-  local off
-  case "$1" in
-    cql) off=42 ;;
-    cassandra-storage) off=70 ;;
-    kafka) off=92 ;;
-    kafka-controller) off=93 ;;
-    kafka-internal) off=94 ;;
-    s3) off=33 ;;
-    weed-master) off=133 ;;
-    weed-volume) off=134 ;;
-    weed-filer) off=135 ;;
-    weed-admin) off=136 ;;
-    weed-metrics) off=137 ;;
-    weed-master-grpc) off=143 ;;
-    weed-volume-grpc) off=144 ;;
-    weed-filer-grpc) off=145 ;;
-    weed-admin-grpc) off=146 ;;
-    weed-s3-grpc) off=147 ;;
-    memcached) off=11 ;;
-    memcached-lr) off=12 ;;
-    lastresort-*) off=$((100 + ${1#lastresort-})) ;;
-    primary-*) off=$((80 + ${1#primary-})) ;;
-    replicator) off=85 ;;
-    clicks) off=86 ;;
-    bench-nginx) off=190 ;;
-    bench-counter) off=191 ;;
-    nginx-frontend) off=180 ;;
-    nginx-lastresort) off=181 ;;
-    nginx-frontend-status) off=182 ;;
-    nginx-lastresort-status) off=183 ;;
-    prometheus) off=160 ;;
-    alertmanager) off=161 ;;
-    alert-receiver) off=162 ;;
-    nginx-exporter-frontend) off=163 ;;
-    nginx-exporter-lastresort) off=164 ;;
-    toxiproxy) off=150 ;;
-    dns) off=53 ;;
-    gw-dc) off=151 ;;
-    gw-site) off=152 ;;
-    gw-s3) off=433 ;;
-    gw-kafka) off=492 ;;
-    site) off=79 ;;
-    *) echo "zl_port: unknown port name $1" >&2; return 1 ;;
-  esac
+  local off="${ZL_PORT_OFFSET[$1]:-}"
+  [[ -n "$off" ]] || { echo "zl_port: unknown port name $1 (deploy/local/topology.tsv)" >&2; return 1; }
   echo $((ZLINK_PORT_BASE + off))
 }
 

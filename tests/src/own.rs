@@ -35,6 +35,13 @@ impl OwnServer {
             .unwrap_or(false)
     }
 
+    /// Its port `name` (deploy/local/topology.tsv, the table lib.sh starts it by).
+    fn port(&self, name: &str) -> u16 {
+        zlink_xtask::topology::Topology::load(&repo_root())
+            .and_then(|t| t.port(self.port_base, name))
+            .expect("deploy/local/topology.tsv names the port")
+    }
+
     fn new(component: &'static str, port_base: u16) -> OwnServer {
         OwnServer {
             component,
@@ -73,9 +80,10 @@ impl Drop for OwnServer {
 
 impl OwnKafka {
     pub async fn start(port_base: u16) -> OwnKafka {
+        let server = OwnServer::new("kafka", port_base);
         let k = OwnKafka {
-            brokers: format!("127.0.0.1:{}", port_base + 92),
-            server: OwnServer::new("kafka", port_base),
+            brokers: format!("127.0.0.1:{}", server.port("kafka")),
+            server,
         };
         k.server.up().await;
         k
@@ -93,9 +101,10 @@ impl OwnKafka {
 
 impl OwnS3 {
     pub async fn start(port_base: u16) -> OwnS3 {
+        let server = OwnServer::new("s3", port_base);
         let s = OwnS3 {
-            endpoint: format!("http://127.0.0.1:{}", port_base + 33),
-            server: OwnServer::new("s3", port_base),
+            endpoint: format!("http://127.0.0.1:{}", server.port("s3")),
+            server,
         };
         s.server.up().await;
         s

@@ -6,6 +6,8 @@
 //!   visibility, a create flood, replication latency);
 //! - [`benchrun`]: the one-run benchmark's load step (wrk + CPU per request per process from
 //!   `/proc`) and its report (table, JSON, the dated row of `docs/benchmarks.md`);
+//! - [`topology`]: the local topology as data (`deploy/local/topology.tsv`) and the files
+//!   rendered from it (Prometheus and Alertmanager configuration, Toxiproxy proxy lists);
 //! - [`alerts`]: the local Alertmanager webhook receiver;
 //! - [`docker`]: static checks of the container images' Dockerfile;
 //! - [`manifests`]: the generated files of the Kubernetes and Compose manifests.
@@ -17,6 +19,7 @@ pub mod docker;
 pub mod layers;
 pub mod manifests;
 pub mod nginx;
+pub mod topology;
 
 /// The workspace the tests run in. Read at run time (cargo sets `CARGO_MANIFEST_DIR` for the
 /// test process), not compiled in: a test binary reused from a build of the same commit in

@@ -4,13 +4,35 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use zlink_xtask::{alerts, bench, benchrun, docker, layers, manifests, nginx};
+use zlink_xtask::{alerts, bench, benchrun, docker, layers, manifests, nginx, topology};
 
 #[derive(Parser)]
 #[command(name = "zlink-xtask", about = "zlink tooling")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum TopologyCmd {
+    /// prometheus.yml: every listener with a scrape job, the rules, the local Alertmanager.
+    Prometheus {
+        #[arg(long)]
+        root: PathBuf,
+        #[arg(long)]
+        base: u16,
+        #[arg(long, default_value = "5s")]
+        interval: String,
+    },
+    /// alertmanager.yml: every alert to the local receiver.
+    Alertmanager {
+        #[arg(long)]
+        root: PathBuf,
+        #[arg(long)]
+        base: u16,
+    },
+    /// Toxiproxy's proxy list (JSON) from NAME LISTEN UPSTREAM lines on stdin.
+    Proxies,
 }
 
 #[derive(Subcommand)]
@@ -21,6 +43,10 @@ enum Cmd {
         out: PathBuf,
         values: Vec<String>,
     },
+    /// Print a file the local topology's servers read, rendered from
+    /// deploy/local/topology.tsv (see xtask/src/topology.rs).
+    #[command(subcommand)]
+    Topology(TopologyCmd),
     /// Check crate dependencies and module import cycles; print each crate's layers.
     CheckLayers {
         #[arg(default_value = ".")]
@@ -129,6 +155,30 @@ fn main() -> Result<()> {
             out,
             values,
         } => nginx::render_to(&template, &out, &nginx::parse_values(&values)?),
+        Cmd::Topology(t) => {
+            let out = match t {
+                TopologyCmd::Prometheus {
+                    root,
+                    base,
+                    interval,
+                } => topology::prometheus_yml(
+                    &topology::Topology::load(&root)?,
+                    &topology::PrometheusSettings {
+                        base,
+                        interval: &interval,
+                        root: &root,
+                    },
+                )?,
+                TopologyCmd::Alertmanager { root, base } => {
+                    topology::alertmanager_yml(&topology::Topology::load(&root)?, base)?
+                }
+                TopologyCmd::Proxies => {
+                    topology::proxies_json(&std::io::read_to_string(std::io::stdin())?)?
+                }
+            };
+            print!("{out}");
+            Ok(())
+        }
         Cmd::CheckLayers { root } => {
             print!("{}", layers::check(&root)?);
             Ok(())

@@ -63,13 +63,12 @@ zl_kafka_bootstrap() {
 }
 # A ring node or a broker (those with a fault proxy in cluster mode).
 zl_cluster_proxied() { zl_cluster && [[ "$1" =~ ^(cassandra|kafka)-[0-9]+$ ]]; }
-# The fault proxies of the ring's nodes and the brokers, as zl_start_toxiproxy's lines.
+# The fault proxies of the ring's nodes and the brokers, as zl_start_toxiproxy's route lines.
 zl_cluster_proxies() {
   local n port
   for n in $(zl_store_nodes) $(zl_brokers); do
     port=cql; [[ "$n" == kafka-* ]] && port=kafka
-    printf '{"name": "%s", "listen": "%s:%s", "upstream": "%s:%s", "enabled": true}\n' \
-      "$n" "$(zl_node_client_addr "$n")" "$(zl_port "$port")" "$(zl_node_addr "$n")" "$(zl_port "$port")"
+    echo "$n $(zl_node_client_addr "$n"):$(zl_port "$port") $(zl_node_addr "$n"):$(zl_port "$port")"
   done
 }
 # The keyspace's replication factor.

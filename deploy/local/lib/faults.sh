@@ -35,7 +35,7 @@ zl_addr() {
   fi
 }
 zl_start_toxiproxy() {
-  local conf="$ZLINK_RUN/toxiproxy.json" sep="" c i
+  local conf="$ZLINK_RUN/toxiproxy.json" c i
   local fronted=(memcached s3)
   zl_cluster || fronted+=(cassandra)
   for ((i = 1; i <= PRIMARY_COUNT; i++)); do fronted+=("primary-$i"); done
@@ -43,15 +43,11 @@ zl_start_toxiproxy() {
     for ((i = 1; i <= LASTRESORT_COUNT; i++)); do fronted+=("lastresort-$i"); done
   fi
   {
-    echo "["
     for c in "${fronted[@]}"; do
-      printf '%s  {"name": "%s", "listen": "%s", "upstream": "127.0.0.1:%s", "enabled": true}\n' \
-        "$sep" "$c" "$(zl_addr "$c")" "$(zl_port "$(zl_proxied_port "$c")")"
-      sep=","
+      echo "$c $(zl_addr "$c") 127.0.0.1:$(zl_port "$(zl_proxied_port "$c")")"
     done
-    if zl_cluster; then zl_cluster_proxies | sed "s/^/$sep  /"; fi
-    echo "]"
-  } >"$conf"
+    if zl_cluster; then zl_cluster_proxies; fi
+  } | "$(zl_bin zlink-xtask)" topology proxies >"$conf" || return 1
   zl_spawn toxiproxy "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port toxiproxy)" -config "$conf"
 }
 zl_ready_toxiproxy() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port toxiproxy)/proxies")" == 200 ]]; }

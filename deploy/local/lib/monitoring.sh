@@ -9,38 +9,13 @@
 # resolved, to a local webhook receiver that appends them to $ZLINK_RUN/alerts.jsonl.
 # Scrape and evaluation interval: ZLINK_SCRAPE_INTERVAL (5s).
 zl_alerts_file() { echo "$ZLINK_RUN/alerts.jsonl"; }
-# Labels: job, component (the instance) and tier (its place in the ladder: frontend, primary,
-# lastresort, pipeline, monitoring).
-zl_scrape_job() {
-  local job="$1" tier="$2" c; shift 2
-  printf '  - job_name: %s\n    static_configs:\n' "$job"
-  for c in "$@"; do
-    printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: %s, tier: %s}\n" "$(zl_port "$c")" "$c" "$tier"
-  done
-}
+# The configuration is rendered from deploy/local/topology.tsv (every row with a scrape job is a
+# target, labelled job, component and tier) by `zlink-xtask topology prometheus`, then checked.
 zl_prometheus_config() {
-  local dir="$ZLINK_RUN/prometheus" i tier every="${ZLINK_SCRAPE_INTERVAL:-5s}"
-  local primaries=() lastresorts=()
-  for ((i = 1; i <= PRIMARY_COUNT; i++)); do primaries+=("primary-$i"); done
-  for ((i = 1; i <= LASTRESORT_COUNT; i++)); do lastresorts+=("lastresort-$i"); done
+  local dir="$ZLINK_RUN/prometheus"
   mkdir -p "$dir"
-  {
-    printf 'global:\n  scrape_interval: %s\n  evaluation_interval: %s\n  scrape_timeout: 4s\n' "$every" "$every"
-    printf '  external_labels: {site: local}\nrule_files:\n  - %s/deploy/prometheus/rules/*.yml\n' "$ZLINK_ROOT"
-    printf "alerting:\n  alertmanagers:\n    - static_configs: [{targets: ['127.0.0.1:%s']}]\n" "$(zl_port alertmanager)"
-    printf 'scrape_configs:\n'
-    zl_scrape_job primary primary "${primaries[@]}"
-    zl_scrape_job lastresort lastresort "${lastresorts[@]}"
-    zl_scrape_job replicator pipeline replicator
-    zl_scrape_job clicks pipeline clicks
-    zl_scrape_job prometheus monitoring prometheus
-    zl_scrape_job alertmanager monitoring alertmanager
-    printf '  - job_name: nginx\n    static_configs:\n'
-    for tier in frontend lastresort; do
-      printf "      - targets: ['127.0.0.1:%s']\n        labels: {component: nginx-%s, tier: %s}\n" \
-        "$(zl_port "nginx-exporter-$tier")" "$tier" "$tier"
-    done
-  } >"$dir/prometheus.yml.tmp"
+  "$(zl_bin zlink-xtask)" topology prometheus --root "$ZLINK_ROOT" --base "$ZLINK_PORT_BASE" \
+    --interval "${ZLINK_SCRAPE_INTERVAL:-5s}" >"$dir/prometheus.yml.tmp" || return 1
   promtool check config "$dir/prometheus.yml.tmp" >>"$(zl_logfile prometheus)" 2>&1 ||
     { zl_log "prometheus config invalid; see $(zl_logfile prometheus)"; return 1; }
   mv "$dir/prometheus.yml.tmp" "$dir/prometheus.yml"
@@ -57,19 +32,8 @@ zl_start_alertmanager() {
   local dir="$ZLINK_RUN/alertmanager"
   mkdir -p "$dir"
   # One route: every alert to the local receiver, grouped by name, sent at once and resolved too.
-  cat >"$dir/alertmanager.yml" <<YML
-route:
-  receiver: local-file
-  group_by: [alertname]
-  group_wait: 1s
-  group_interval: 5s
-  repeat_interval: 4h
-receivers:
-  - name: local-file
-    webhook_configs:
-      - url: http://127.0.0.1:$(zl_port alert-receiver)/
-        send_resolved: true
-YML
+  "$(zl_bin zlink-xtask)" topology alertmanager --root "$ZLINK_ROOT" --base "$ZLINK_PORT_BASE" \
+    >"$dir/alertmanager.yml" || return 1
   amtool check-config "$dir/alertmanager.yml" >>"$(zl_logfile alertmanager)" 2>&1 ||
     { zl_log "alertmanager config invalid; see $(zl_logfile alertmanager)"; return 1; }
   # A single node: no cluster listener.

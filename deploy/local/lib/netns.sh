@@ -86,9 +86,7 @@ zl_gw_routes() {
 zl_start_gw() {
   local side="$1" ns=()
   zl_netns_up
-  zl_gw_routes "$side" | awk 'BEGIN { print "[" }
-    { printf "%s  {\"name\": \"%s\", \"listen\": \"%s\", \"upstream\": \"%s\", \"enabled\": true}\n", (NR > 1 ? "," : ""), $1, $2, $3 }
-    END { print "]" }' >"$ZLINK_RUN/gw-$side.json"
+  zl_gw_routes "$side" | "$(zl_bin zlink-xtask)" topology proxies >"$ZLINK_RUN/gw-$side.json" || return 1
   [[ "$side" == site ]] && ns=(ip netns exec "$ZL_NS")
   zl_spawn "gw-$side" "${ns[@]}" "$TOXIPROXY" -host 127.0.0.1 -port "$(zl_port "gw-$side")" \
     -config "$ZLINK_RUN/gw-$side.json"
