@@ -41,23 +41,38 @@ fn respond(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Ops
     r
 }
 
-fn json(status: StatusCode, body: serde_json::Value) -> OpsResponse {
+/// A JSON answer that no cache keeps: every tier's errors, probes and API answers.
+pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T) -> OpsResponse {
+    // Serializing fails only for a map with keys that are not strings, which no body has.
+    match serde_json::to_vec(body) {
+        Ok(b) => respond(status, "application/json", b),
+        Err(_) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the answer could not be written",
+        ),
+    }
+}
+
+/// The one JSON error body of every tier: `{"error": {"code": ..., "message": ...}}`.
+pub fn error(status: StatusCode, code: &str, message: &str) -> OpsResponse {
+    let body = serde_json::json!({"error": {"code": code, "message": message}});
     respond(status, "application/json", body.to_string().into_bytes())
 }
 
 /// `GET /healthz`: the process is alive.
 pub fn healthz() -> OpsResponse {
-    json(StatusCode::OK, serde_json::json!({"status": "ok"}))
+    json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
 }
 
 /// `GET /readyz`: 200 when ready, else 503 naming what is not.
 pub fn readyz(readiness: Readiness) -> OpsResponse {
     match readiness {
-        Readiness::Ready => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+        Readiness::Ready => json(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         Readiness::NotReady { dependency, state } => {
             let mut body = serde_json::json!({"status": "not_ready"});
             body[dependency] = state.into();
-            json(StatusCode::SERVICE_UNAVAILABLE, body)
+            json(StatusCode::SERVICE_UNAVAILABLE, &body)
         }
     }
 }
@@ -112,19 +127,17 @@ impl Readiness {
 
 fn handle(ops: &Ops, req: &Request<Incoming>) -> OpsResponse {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
-        return json(
+        return error(
             StatusCode::METHOD_NOT_ALLOWED,
-            serde_json::json!({"error": {"code": "method_not_allowed", "message": "method not allowed"}}),
+            "method_not_allowed",
+            "method not allowed",
         );
     }
     match req.uri().path() {
         "/healthz" => healthz(),
         "/readyz" => readyz(ops.readiness()),
         "/metrics" => metrics((ops.render)()),
-        _ => json(
-            StatusCode::NOT_FOUND,
-            serde_json::json!({"error": {"code": "not_found", "message": "not found"}}),
-        ),
+        _ => error(StatusCode::NOT_FOUND, "not_found", "not found"),
     }
 }
 
@@ -156,6 +169,19 @@ pub async fn serve(listener: TcpListener, ops: Arc<Ops>, shutdown: CancellationT
 }
 
 /// Prometheus text exposition of a registry.
+/// Registers every collector given (a clone: clones share their values) in `registry`; a name
+/// registered twice is a programming error and panics at start-up.
+#[macro_export]
+macro_rules! register_metrics {
+    ($registry:expr, $($collector:expr),+ $(,)?) => {{
+        $(
+            $registry
+                .register(Box::new($collector.clone()))
+                .expect("metric registered once");
+        )+
+    }};
+}
+
 pub fn render(registry: &prometheus::Registry) -> Vec<u8> {
     use prometheus::Encoder;
     let mut out = Vec::new();

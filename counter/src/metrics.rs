@@ -54,17 +54,16 @@ impl CounterMetrics {
             "Kafka consumers replaced because they stalled",
         )
         .expect("metric");
-        for c in [
-            Box::new(events.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(consumer_resets.clone()),
-            Box::new(batches.clone()),
-            Box::new(held.clone()),
-            Box::new(store_errors.clone()),
-            Box::new(click_to_count_seconds.clone()),
-            Box::new(consumer_lag.clone()),
-        ] {
-            registry.register(c).expect("registered once");
-        }
+        zlink_clients::register_metrics!(
+            registry,
+            events,
+            consumer_resets,
+            batches,
+            held,
+            store_errors,
+            click_to_count_seconds,
+            consumer_lag,
+        );
         CounterMetrics {
             registry,
             events,

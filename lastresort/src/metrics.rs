@@ -97,21 +97,20 @@ impl Metrics {
             "1 while the change journal is read (answers from S3 live --journal-ttl-ms)",
         )
         .expect("metric");
-        for c in [
-            Box::new(nginx_clicks_ingested.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(journal_polls.clone()),
-            Box::new(journal_forgets.clone()),
-            Box::new(journal_trusted.clone()),
-            Box::new(nginx_clicks_malformed.clone()),
-            Box::new(requests.clone()),
-            Box::new(lookups.clone()),
-            Box::new(s3_seconds.clone()),
-            Box::new(s3_errors.clone()),
-            Box::new(malformed.clone()),
-            Box::new(memcached_errors.clone()),
-        ] {
-            registry.register(c).expect("registered once");
-        }
+        zlink_clients::register_metrics!(
+            registry,
+            nginx_clicks_ingested,
+            journal_polls,
+            journal_forgets,
+            journal_trusted,
+            nginx_clicks_malformed,
+            requests,
+            lookups,
+            s3_seconds,
+            s3_errors,
+            malformed,
+            memcached_errors,
+        );
         let clicks =
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         let breakers =

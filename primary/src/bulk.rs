@@ -10,6 +10,7 @@ use crate::app::{AppState, Limit};
 use crate::auth::Principal;
 use crate::body::{idempotency_key, read_json};
 use crate::error::{json_response, ApiError, Resp};
+use crate::views::{BulkItem, BulkResult, ErrorDetail};
 use futures_util::stream::{self, StreamExt};
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
@@ -64,7 +65,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         .collect()
         .await;
     let (mut created, mut replayed, mut failed) = (0, 0, 0);
-    let items: Vec<serde_json::Value> = results
+    let items: Vec<BulkItem> = results
         .into_iter()
         .enumerate()
         .map(|(i, r)| match r {
@@ -74,21 +75,27 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
                 } else {
                     created += 1;
                 }
-                serde_json::json!({
-                    "index": i,
-                    "status": 201,
-                    "replayed": c.replayed,
-                    "link": link_json(state, &c.link, now),
-                })
+                BulkItem {
+                    index: i,
+                    status: 201,
+                    replayed: Some(c.replayed),
+                    link: Some(link_json(state, &c.link, now)),
+                    error: None,
+                }
             }
             Err(e) => {
                 failed += 1;
                 e.log();
-                serde_json::json!({
-                    "index": i,
-                    "status": e.status().as_u16(),
-                    "error": {"code": e.code(), "message": e.to_string()},
-                })
+                BulkItem {
+                    index: i,
+                    status: e.status().as_u16(),
+                    replayed: None,
+                    link: None,
+                    error: Some(ErrorDetail {
+                        code: e.code().to_string(),
+                        message: e.to_string(),
+                    }),
+                }
             }
         })
         .collect();
@@ -102,12 +109,12 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     );
     Ok(json_response(
         StatusCode::OK,
-        &serde_json::json!({
-            "created": created,
-            "replayed": replayed,
-            "failed": failed,
-            "results": items,
-        }),
+        &BulkResult {
+            created,
+            replayed,
+            failed,
+            results: items,
+        },
     ))
 }
 

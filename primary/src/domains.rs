@@ -10,7 +10,7 @@ use crate::api::writer;
 use crate::app::AppState;
 use crate::body::read_json;
 use crate::error::{json_response, ApiError, Resp};
-use crate::views::rfc3339;
+use crate::views::{DomainList, DomainView};
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -26,15 +26,6 @@ pub(crate) struct RegisterRequest {
 
 fn invalid_domain(e: impl std::fmt::Display) -> ApiError {
     ApiError::Invalid("invalid_domain", e.to_string())
-}
-
-fn domain_json(d: &Domain) -> serde_json::Value {
-    serde_json::json!({
-        "domain": d.domain,
-        "owner": d.owner,
-        "status": d.status.as_str(),
-        "created_at": rfc3339(d.created_at_ms),
-    })
 }
 
 /// `POST /api/v1/domains` with `{"domain": "go.example.com"}`: 201 with the registration, or
@@ -84,7 +75,7 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
     } else {
         StatusCode::OK
     };
-    Ok(json_response(status, &domain_json(&stored)))
+    Ok(json_response(status, &DomainView::of(&stored)))
 }
 
 /// `GET /api/v1/domains`: the caller's domains.
@@ -93,11 +84,8 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
 pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
     let domains = state.store.domains.of_owner(&principal.owner).await?;
-    let items: Vec<_> = domains.iter().map(domain_json).collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &serde_json::json!({ "domains": items }),
-    ))
+    let domains = domains.iter().map(DomainView::of).collect();
+    Ok(json_response(StatusCode::OK, &DomainList { domains }))
 }
 
 /// `POST /api/v1/domains/{domain}/approve` (admin keys only): PENDING → ACTIVE.
@@ -134,5 +122,5 @@ pub async fn approve<B>(state: &AppState, req: &Request<B>, raw: &str) -> Result
         .get(&name)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(json_response(StatusCode::OK, &domain_json(&d)))
+    Ok(json_response(StatusCode::OK, &DomainView::of(&d)))
 }

@@ -9,7 +9,7 @@ use crate::auth::{generate_key, hash_key, is_key_id, validate_owner, Principal};
 use crate::body::read_json;
 use crate::error::Resp;
 use crate::error::{json_response, ApiError};
-use crate::views::rfc3339;
+use crate::views::{rfc3339, KeyView};
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -53,13 +53,14 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     tracing::info!(key_id = %key_id, owner = %body.owner, admin = body.admin, by = %principal.key_id, "API key created");
     Ok(json_response(
         StatusCode::CREATED,
-        &serde_json::json!({
-            "id": key_id,
-            "key": key,
-            "owner": body.owner,
-            "role": if body.admin { "admin" } else { "owner" },
-            "created_at": rfc3339(now),
-        }),
+        &KeyView {
+            id: key_id,
+            key: Some(key),
+            owner: body.owner,
+            role: KeyView::role(body.admin),
+            created_at: Some(rfc3339(now)),
+            revoked: None,
+        },
     ))
 }
 
@@ -84,11 +85,13 @@ pub async fn revoke(state: &AppState, req: Request<Incoming>, id: &str) -> Resul
     tracing::info!(key_id = %id, owner = %rec.owner, by = %principal.key_id, "API key revoked");
     Ok(json_response(
         StatusCode::OK,
-        &serde_json::json!({
-            "id": id,
-            "owner": rec.owner,
-            "role": if rec.admin { "admin" } else { "owner" },
-            "revoked": true,
-        }),
+        &KeyView {
+            id: id.to_string(),
+            key: None,
+            owner: rec.owner,
+            role: KeyView::role(rec.admin),
+            created_at: None,
+            revoked: Some(true),
+        },
     ))
 }

@@ -249,10 +249,10 @@ fn page_response(state: &AppState, links: &[Link], next: Option<&ListPosition>, 
         links.iter().map(|l| link_json(state, l, now)).collect();
     json_response(
         StatusCode::OK,
-        &serde_json::json!({
-            "links": items,
-            "next_cursor": next.map(encode_cursor),
-        }),
+        &crate::views::LinkPage {
+            links: items,
+            next_cursor: next.map(encode_cursor),
+        },
     )
 }
 

@@ -127,24 +127,23 @@ impl Metrics {
             &["state"],
         )
         .expect("valid metric");
-        for c in [
-            Box::new(publish_errors.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(links_rerouted.clone()),
-            Box::new(producer_resets.clone()),
-            Box::new(outbox_backlog.clone()),
-            Box::new(outbox_oldest_age.clone()),
-            Box::new(rate_limited.clone()),
-            Box::new(requests.clone()),
-            Box::new(redirect_seconds.clone()),
-            Box::new(lookups.clone()),
-            Box::new(store_reads.clone()),
-            Box::new(store_errors.clone()),
-            Box::new(memcached_errors.clone()),
-            Box::new(events.clone()),
-            Box::new(store_nodes.clone()),
-        ] {
-            registry.register(c).expect("metric registered once");
-        }
+        zlink_clients::register_metrics!(
+            registry,
+            publish_errors,
+            links_rerouted,
+            producer_resets,
+            outbox_backlog,
+            outbox_oldest_age,
+            rate_limited,
+            requests,
+            redirect_seconds,
+            lookups,
+            store_reads,
+            store_errors,
+            memcached_errors,
+            events,
+            store_nodes,
+        );
         let clicks =
             zlink_clients::clicks::ClickMetrics::register(&registry).expect("registered once");
         let breakers =

@@ -1,8 +1,6 @@
-//! The JSON the API answers with, as OpenAPI schemas. [`LinkView`] and [`Stats`] are built
-//! and serialized as they are documented; the others document shapes the handlers build with
-//! `serde_json::json!` (the e2e test
-//! `the_openapi_document_lists_exactly_the_routes_and_methods_primary_serves` compares a
-//! created link's and domain's keys with [`LinkView`] and [`DomainView`]).
+//! The JSON the API answers with: each type is serialized as it is documented (its OpenAPI
+//! schema is the body). Only [`Error`] documents a shape built elsewhere (the kit's
+//! `zlink_redirect::error`, shared by every tier).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
@@ -69,50 +67,60 @@ pub fn rfc3339(ms: i64) -> String {
 }
 
 /// A page of an owner's links, newest first.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LinkPage {
-    links: Vec<LinkView>,
+    pub links: Vec<LinkView>,
     /// Pass as `cursor` for the next page; `null` at the end.
-    next_cursor: Option<String>,
+    pub next_cursor: Option<String>,
 }
 
 /// A branded domain registration.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct DomainView {
-    domain: String,
-    owner: String,
+    pub domain: String,
+    pub owner: String,
     /// PENDING (waits for an admin) or ACTIVE.
-    status: String,
-    created_at: String,
+    pub status: String,
+    pub created_at: String,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+impl DomainView {
+    pub fn of(d: &zlink_store::domains::Domain) -> DomainView {
+        DomainView {
+            domain: d.domain.clone(),
+            owner: d.owner.clone(),
+            status: d.status.as_str().to_string(),
+            created_at: rfc3339(d.created_at_ms),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct DomainList {
-    domains: Vec<DomainView>,
+    pub domains: Vec<DomainView>,
 }
 
-/// Each item's outcome, in request order.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// Each item's outcome, in request order: `replayed` and `link` when it was created (or
+/// replayed), `error` when it was not.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct BulkItem {
-    index: usize,
+    pub index: usize,
     /// 201, or the status the item alone would have got.
-    status: u16,
-    replayed: Option<bool>,
-    link: Option<LinkView>,
-    error: Option<ErrorDetail>,
+    pub status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct BulkResult {
-    created: usize,
-    replayed: usize,
-    failed: usize,
-    results: Vec<BulkItem>,
+    pub created: usize,
+    pub replayed: usize,
+    pub failed: usize,
+    pub results: Vec<BulkItem>,
 }
 
 /// Click totals: per day (last 30), per tier, agent class, device, and the top referrers,
@@ -250,28 +258,40 @@ impl Stats {
     }
 }
 
-/// An API key, shown once at creation.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// An API key: at creation with the key itself (shown once) and its time; at revocation
+/// with `revoked`.
+#[derive(Debug, Serialize, ToSchema)]
 pub struct KeyView {
-    id: String,
-    key: Option<String>,
-    owner: String,
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub owner: String,
     /// `admin` or `owner`.
-    role: String,
-    created_at: Option<String>,
-    revoked: Option<bool>,
+    pub role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<bool>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+impl KeyView {
+    pub fn role(admin: bool) -> &'static str {
+        if admin {
+            "admin"
+        } else {
+            "owner"
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code, e.g. `invalid_url`, `slug_taken`, `rate_limited`.
-    code: String,
-    message: String,
+    pub code: String,
+    pub message: String,
 }
 
-/// Every 4xx and 5xx answer.
+/// Every 4xx and 5xx answer (written by `zlink_redirect::error` for every tier).
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct Error {

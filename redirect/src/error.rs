@@ -78,32 +78,12 @@ impl std::fmt::Display for Reject {
     }
 }
 
-/// The one JSON error body.
+/// The one JSON error body ([`zlink_clients::ops::error`]).
 pub fn render(status: StatusCode, code: &str, message: &str) -> Resp {
-    json(
-        status,
-        &serde_json::json!({"error": {"code": code, "message": message}}),
-    )
+    zlink_clients::ops::error(status, code, message)
 }
 
-/// A JSON response that no cache keeps (errors, probes, API answers).
+/// A JSON response that no cache keeps ([`zlink_clients::ops::json`]).
 pub fn json<T: serde::Serialize + ?Sized>(status: StatusCode, body: &T) -> Resp {
-    // Serializing fails only for a map with keys that are not strings, which no body has.
-    let (status, body) = match serde_json::to_vec(body) {
-        Ok(b) => (status, b),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            br#"{"error":{"code":"internal","message":"the answer could not be written"}}"#
-                .to_vec(),
-        ),
-    };
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
+    zlink_clients::ops::json(status, body)
 }

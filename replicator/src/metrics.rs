@@ -94,20 +94,19 @@ impl Metrics {
             &["state"],
         )
         .expect("metric");
-        for c in [
-            Box::new(kafka_brokers.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(kafka_partitions.clone()),
-            Box::new(events.clone()),
-            Box::new(s3_failures.clone()),
-            Box::new(create_to_s3_seconds.clone()),
-            Box::new(step_seconds.clone()),
-            Box::new(consumer_lag.clone()),
-            Box::new(consumer_resets.clone()),
-            Box::new(dlq_producer_resets.clone()),
-            Box::new(journal_objects.clone()),
-        ] {
-            registry.register(c).expect("registered once");
-        }
+        zlink_clients::register_metrics!(
+            registry,
+            kafka_brokers,
+            kafka_partitions,
+            events,
+            s3_failures,
+            create_to_s3_seconds,
+            step_seconds,
+            consumer_lag,
+            consumer_resets,
+            dlq_producer_resets,
+            journal_objects,
+        );
         Self {
             registry,
             events,
