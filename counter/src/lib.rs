@@ -237,6 +237,11 @@ impl App {
                     });
                 part.last = m.offset();
                 match decode(m.payload(), now) {
+                    // A canary's redirect is not a click (zlink_wire::canary); none should
+                    // arrive, and one that does is not counted.
+                    Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
+                        self.metrics.events.with_label_values(&["canary"]).inc();
+                    }
                     Ok(ev) => part.events.push((m.offset(), ev)),
                     Err(reason) => {
                         self.metrics.events.with_label_values(&["invalid"]).inc();

@@ -24,7 +24,13 @@ DASHBOARDS = {
             ("last-resort host nginx (rung 3 when no lastresort is up)", 'sum(rate(nginx_http_requests_total{tier="lastresort"}[1m]))'),
         ]),
         ("Ladder alerts firing", "short", [
-            ("{{alertname}}", 'sum by (alertname) (ALERTS{alertname=~"ZlinkRung.*|ZlinkPrimariesDown|ZlinkLastresortDown", alertstate="firing"}) or vector(0)'),
+            ("{{alertname}}", 'sum by (alertname) (ALERTS{alertname=~"ZlinkRung.*|ZlinkPrimariesDown|ZlinkLastresortDown|ZlinkCanariesNotProbed", alertstate="firing"}) or vector(0)'),
+        ]),
+        ("Canaries: can each rung serve its canary? (1 yes, 0 no)", "short", [
+            ("rung {{rung}}: {{probe}}", 'min by (rung, probe) (probe_success{job="canary"})'),
+        ]),
+        ("Canary probe time", "s", [
+            ("rung {{rung}}: {{probe}}", 'max by (rung, probe) (probe_duration_seconds{job="canary"})'),
         ]),
         ("Primary redirect latency", "s", [
             ("p50", 'histogram_quantile(0.5, sum by (le) (rate(zlink_primary_redirect_duration_seconds_bucket[1m])))'),

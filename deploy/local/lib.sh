@@ -67,7 +67,7 @@ zl_components() {
   echo memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
   echo nginx-lastresort nginx-frontend dns
-  echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort prometheus
+  echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort blackbox prometheus
 }
 
 # Ports: ZLINK_PORT_BASE + the offset deploy/local/topology.tsv gives each name.

@@ -50,6 +50,8 @@ fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
     .iter()
     .map(|(t, c)| (t.to_string(), vec![c.to_string()]))
     .collect();
+    // The rung-3 canary's S3 page (what `delete` and `corrupt` break).
+    m.insert(plan::CANARY_PAGE.into(), vec![zlink_wire::canary::slug(3)]);
     m.insert("primaries".into(), a.primaries.clone());
     m.insert("lastresorts".into(), a.lastresorts.clone());
     for r in &a.replicas {

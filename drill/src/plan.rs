@@ -18,6 +18,12 @@ pub enum Kind {
     /// A graceful stop and a start, waiting until ready (nginx: a reload): one step of a
     /// rolling restart. Nothing to restore.
     Restart,
+    /// A link's S3 page deleted behind the system's back (a signed DELETE straight to S3);
+    /// restored by the repair from the store (`reconcile`). Only the canary page's.
+    Delete,
+    /// A link's S3 page overwritten with bytes the replicator never writes; restored the same
+    /// way. Only the canary page's.
+    Corrupt,
 }
 
 /// What a flapping component does while it is "down".
@@ -41,17 +47,20 @@ impl Kind {
             Kind::Flap => "flap",
             Kind::Cut => "cut",
             Kind::Restart => "restart",
+            Kind::Delete => "delete",
+            Kind::Corrupt => "corrupt",
         }
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Kind> {
         Kind::ALL
             .into_iter()
-            .chain([Kind::Cut, Kind::Restart])
+            .chain([Kind::Cut, Kind::Restart, Kind::Delete, Kind::Corrupt])
             .find(|k| k.name() == s)
             .with_context(|| {
                 format!(
-                    "unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut, restart)"
+                    "unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut, restart, \
+                     delete, corrupt)"
                 )
             })
     }
@@ -99,9 +108,18 @@ pub struct Phase {
 /// The share of redirects rung 1 must serve in a phase whose fault must be invisible.
 pub const RUNG1_SHARE: f64 = 0.99;
 
-/// What the ladder's alerts say: rung 2 serving and no primary up; rung 3 and no lastresort.
-const RUNG2_ALERTS: [&str; 2] = ["ZlinkRung2Serving", "ZlinkPrimariesDown"];
-const RUNG3_ALERTS: [&str; 2] = ["ZlinkRung3Serving", "ZlinkLastresortDown"];
+/// What the ladder's alerts say: rung 2 serving, no primary up and rung 1's canary failing;
+/// rung 3 serving, no lastresort up and rung 2's canary failing.
+const RUNG2_ALERTS: [&str; 3] = [
+    "ZlinkRung2Serving",
+    "ZlinkPrimariesDown",
+    "ZlinkRung1CanaryFailing",
+];
+const RUNG3_ALERTS: [&str; 3] = [
+    "ZlinkRung3Serving",
+    "ZlinkLastresortDown",
+    "ZlinkRung2CanaryFailing",
+];
 
 /// The alerts a broken tier must raise (killed or hung: it stops answering its scrape).
 fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
@@ -109,6 +127,8 @@ fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
         (Kind::Kill | Kind::Hang, "primaries") => RUNG2_ALERTS.to_vec(),
         (Kind::Kill | Kind::Hang, "lastresorts") => vec!["ZlinkLastresortDown"],
         (Kind::Kill | Kind::Hang, "replicator") => vec!["ZlinkReplicatorDown"],
+        // Rung 3 cannot serve its canary: its probe sees the 404 or the foreign bytes.
+        (Kind::Delete | Kind::Corrupt, CANARY_PAGE) => vec!["ZlinkRung3CanaryFailing"],
         _ => vec![],
     }
 }
@@ -119,6 +139,10 @@ const WRITE_PATH: [&str; 6] = ["primaries", "store", "kafka", "replicator", "s3"
 
 /// The links of the network-namespace mode: a `cut` applies to these and only these.
 pub const LINKS: [&str; 2] = ["wan", "site-s3"];
+
+/// The S3 page of the rung-3 canary link (zlink_wire::canary): what `delete` and `corrupt`
+/// break, and only they.
+pub const CANARY_PAGE: &str = "canary-page";
 
 /// A scenario as given on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -299,6 +323,13 @@ pub fn phases(
                 if (*k == Kind::Cut) != LINKS.contains(&tier.as_str()) {
                     bail!(
                         "{}:{tier}: cut applies to the links {LINKS:?}, and only cut does",
+                        k.name()
+                    );
+                }
+                let page_fault = matches!(k, Kind::Delete | Kind::Corrupt);
+                if page_fault != (tier == CANARY_PAGE) {
+                    bail!(
+                        "{}:{tier}: delete and corrupt apply to {CANARY_PAGE}, and only they do",
                         k.name()
                     );
                 }
@@ -511,5 +542,40 @@ mod tests {
         assert!(phases(&[Scenario::Rolling], &tiers(), &[], &[]).is_err());
         assert_eq!(Scenario::parse("rolling").unwrap(), Scenario::Rolling);
         assert_eq!(Kind::parse("restart").unwrap(), Kind::Restart);
+    }
+
+    #[test]
+    fn the_canary_page_is_deleted_or_corrupted_and_rung_3_alerts() {
+        let tiers: BTreeMap<String, Vec<String>> =
+            [(CANARY_PAGE.to_string(), vec!["zlink-canary-3".to_string()])].into();
+        let sc = [
+            Scenario::parse("delete:canary-page").unwrap(),
+            Scenario::parse("corrupt:canary-page").unwrap(),
+        ];
+        let ph = phases(&sc, &tiers, &[], &[]).unwrap();
+        assert_eq!(
+            ph[1].actions,
+            [Action::Break(Kind::Delete, "zlink-canary-3".into())]
+        );
+        assert_eq!(ph[1].alerts_fire, ["ZlinkRung3CanaryFailing"]);
+        assert_eq!(
+            ph[2].actions,
+            [Action::Restore(Kind::Delete, "zlink-canary-3".into())]
+        );
+        assert_eq!(ph[2].alerts_resolve, ["ZlinkRung3CanaryFailing"]);
+        assert_eq!(
+            ph[3].actions,
+            [Action::Break(Kind::Corrupt, "zlink-canary-3".into())]
+        );
+        // Only the canary page, and only by these two kinds.
+        let tiers: BTreeMap<String, Vec<String>> = [
+            (CANARY_PAGE.to_string(), vec!["zlink-canary-3".to_string()]),
+            ("store".to_string(), vec!["cassandra".to_string()]),
+        ]
+        .into();
+        for bad in ["delete:store", "kill:canary-page"] {
+            let sc = [Scenario::parse(bad).unwrap()];
+            assert!(phases(&sc, &tiers, &[], &[]).is_err(), "{bad}");
+        }
     }
 }

@@ -177,6 +177,8 @@ impl Tailer {
                 .map_err(|_| "utf-8")
                 .and_then(|l| parse_line(l, &self.salt, &self.geo))
             {
+                // The rung-3 canary probe's redirects are not clicks (zlink_wire::canary).
+                Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {}
                 Ok(ev) => events.push(ev),
                 Err(reason) => {
                     self.metrics.nginx_clicks_malformed.inc();

@@ -141,6 +141,11 @@ pub struct ServeConfig {
     #[arg(long, env = "ZLINK_MEMCACHED_TTL_S", default_value_t = 300)]
     pub memcached_ttl_s: u32,
 
+    /// Make sure the canary links exist (zlink_wire::canary: created if absent, at start and
+    /// every 10 minutes), so that the probes of every rung have a link to follow. Deployments
+    /// set it; tests that count links leave it off.
+    #[arg(long, env = "ZLINK_CANARIES", default_value_t = false)]
+    pub canaries: bool,
     /// Kafka bootstrap servers (host:port,...). Empty: link events are only counted and logged
     /// (no outbox), which is for tests and single-box experiments only.
     #[arg(long, env = "ZLINK_KAFKA", default_value = "")]

@@ -16,6 +16,7 @@
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`qr`]: `GET /api/v1/links/{slug}/qr`, the short URL as a QR code (SVG or PNG).
 //! - [`policy`]: which destinations a link may have (own domains, deny/allow list files).
+//! - [`canary`]: keeps the canary links (every rung's probes follow them) in existence.
 //! - [`cache`]: in-process cache → memcached → store lookup with request coalescing.
 //! - [`stats`]: `GET /api/v1/links/{slug}/stats` and the info page `GET /{slug}+`.
 //! - [`store`]: the store repositories a serving primary uses, on one guarded session.
@@ -38,6 +39,7 @@ pub mod auth;
 pub mod body;
 pub mod bulk;
 pub mod cache;
+pub mod canary;
 pub mod config;
 pub mod domains;
 pub mod error;
@@ -74,6 +76,8 @@ pub struct App {
     /// The relay (sweeper, expiry scheduler, leader watch) when link events go to Kafka;
     /// started by [`App::run`].
     relay: Option<Arc<relay::Relay>>,
+    /// `--canaries`: keep the canary links in existence ([`canary::run`]).
+    canaries: bool,
     grace: Duration,
     max_connections: usize,
     drain: Duration,
@@ -105,21 +109,31 @@ impl App {
         Ok(App {
             state,
             relay,
+            canaries: cfg.canaries,
             grace: Duration::from_secs(cfg.shutdown_grace_s),
             max_connections: cfg.runtime.max_connections,
             drain: Duration::from_millis(cfg.runtime.drain_ms),
         })
     }
 
-    /// Starts the relay, serves on an already-bound listener until `shutdown` is cancelled,
-    /// drains in-flight requests for at most the grace period, then closes the event sink
-    /// (fsyncs the click spool and ships what Kafka takes in a few seconds) and waits for the
-    /// relay to finish its pass and flush its producer.
+    /// Starts the relay (and, with `--canaries`, the canary keeper), serves on an already-bound
+    /// listener until `shutdown` is cancelled, drains in-flight requests for at most the grace
+    /// period, then closes the event sink (fsyncs the click spool and ships what Kafka takes in
+    /// a few seconds) and waits for the relay and the keeper to finish.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) {
         let mut background = tokio::task::JoinSet::new();
         if let Some(relay) = &self.relay {
             background.spawn(relay.clone().run(shutdown.clone()));
             background.spawn(relay.clone().watch_leaders(shutdown.clone()));
+        }
+        if self.canaries {
+            let s = &self.state;
+            background.spawn(canary::run(
+                s.store.clone(),
+                s.events.uses_outbox(),
+                s.clock.clone(),
+                shutdown.clone(),
+            ));
         }
         http::serve(
             listener,

@@ -8,8 +8,8 @@
 //! 3. **look up** through the tier's cache layers to its source of truth;
 //! 4. **decide** ([`crate::decide`]): redirect, 404, 410 or 500;
 //! 5. **respond**: status, `Location`, `Cache-Control`, `x-zlink-tier`, or the JSON error;
-//! 6. **emit the click** (GET only, never awaited by the answer beyond an in-memory hand-off):
-//!    its id in `x-zlink-click-id`.
+//! 6. **emit the click** (GET only, not for a canary link, never awaited by the answer beyond
+//!    an in-memory hand-off): its id in `x-zlink-click-id`.
 //!
 //! The whole request runs under the tier's deadline, below the nginx per-try timeout: a 503
 //! from here reaches nginx in time to try the next rung instead of nginx timing out on us.
@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use zlink_clients::clicks;
 use zlink_clients::trace::RequestTrace;
 use zlink_wire::domain::Hosts;
-use zlink_wire::slug;
+use zlink_wire::{canary, slug};
 
 /// The layer that answered (response extension; the trace's `cache_layer`).
 #[derive(Clone, Copy, Debug)]
@@ -105,7 +105,8 @@ async fn phases<T: RedirectTier, B: Sync>(
     }
     let mut resp = respond(decision, T::NAME, tier.cache_control());
     resp.extensions_mut().insert(CacheLayer(layer));
-    if resp.status().is_redirection() && clicks::is_click(req.method()) {
+    // A canary's redirect is a probe, not a click (zlink_wire::canary).
+    if resp.status().is_redirection() && clicks::is_click(req.method()) && !canary::is_canary(key) {
         if let Some(id) = tier.click(req, key, now) {
             resp.headers_mut()
                 .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));

@@ -82,7 +82,7 @@ pub fn validate_custom(s: &str) -> Result<(), SlugError> {
     if !s.bytes().all(is_slug_byte) {
         return Err(SlugError::Charset);
     }
-    if RESERVED.iter().any(|r| r.eq_ignore_ascii_case(s)) {
+    if RESERVED.iter().any(|r| r.eq_ignore_ascii_case(s)) || crate::canary::is_canary(s) {
         return Err(SlugError::Reserved);
     }
     if is_auto_shape(s) {
@@ -235,6 +235,15 @@ impl SlugCodec {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    #[test]
+    fn canary_slugs_are_valid_keys_no_client_can_claim() {
+        for (_, s, _) in crate::canary::all() {
+            assert!(is_valid_slug(&s), "{s}");
+            assert!(validate_custom(&s).is_err(), "{s} is claimable");
+        }
+        assert_eq!(validate_custom("Zlink-Canary-x"), Err(SlugError::Reserved));
+    }
 
     #[test]
     fn permutation_is_a_bijection_on_a_small_domain_exhaustively() {

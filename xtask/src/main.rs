@@ -31,6 +31,11 @@ enum TopologyCmd {
         #[arg(long)]
         base: u16,
     },
+    /// blackbox.yml: one module per rung, checking what it must answer for its canary.
+    Blackbox {
+        #[arg(long)]
+        dns_name: String,
+    },
     /// Toxiproxy's proxy list (JSON) from NAME LISTEN UPSTREAM lines on stdin.
     Proxies,
 }
@@ -172,6 +177,7 @@ fn main() -> Result<()> {
                 TopologyCmd::Alertmanager { root, base } => {
                     topology::alertmanager_yml(&topology::Topology::load(&root)?, base)?
                 }
+                TopologyCmd::Blackbox { dns_name } => topology::blackbox_yml(&dns_name)?,
                 TopologyCmd::Proxies => {
                     topology::proxies_json(&std::io::read_to_string(std::io::stdin())?)?
                 }

@@ -1,10 +1,11 @@
 //! The generated files of the deployment manifests (`deploy/k8s`, `deploy/compose`): nginx
 //! configs rendered from the same templates as the local topology (`nginx/*.conf` with each
 //! site's `*.values`), the static error pages next to them (kustomize loads files only from
-//! below its own directory), and the alert rules of `deploy/prometheus/rules` wrapped as a
-//! PrometheusRule. They are committed so `kubectl apply -k` and `docker compose up` work on a
-//! clean clone; `zlink-xtask manifests --check` (the test command's lint step) fails when one
-//! is stale, naming it.
+//! below its own directory), the alert rules of `deploy/prometheus/rules` wrapped as a
+//! PrometheusRule, and the canary prober's modules (the same as the local topology's). They
+//! are committed so `kubectl apply -k` and `docker compose up` work on a clean clone;
+//! `zlink-xtask manifests --check` (the test command's lint step) fails when one is stale,
+//! naming it.
 
 use crate::nginx;
 use anyhow::{bail, Context, Result};
@@ -71,6 +72,10 @@ const NGINX: &[(&str, &str, &str)] = &[
 const STATIC_COPIES: &[&str] = &["deploy/k8s/overlays/lastresort-site/generated/static"];
 
 const RULES_DIR: &str = "deploy/prometheus/rules";
+const BLACKBOX: &str = "deploy/k8s/base/generated/blackbox.yml";
+/// The service's DNS name in the overlays (their ZLINK_SHORT_DOMAINS): what rung 4's probe
+/// resolves.
+const K8S_DNS_NAME: &str = "zl.example.com";
 const PROMETHEUS_RULE: &str = "deploy/k8s/base/generated/prometheusrule.yaml";
 
 /// The alert rule files wrapped in one PrometheusRule (each file's `groups:` under `spec:`).
@@ -143,6 +148,13 @@ pub fn generate(root: &Path) -> Result<Vec<Generated>> {
     out.push(Generated {
         path: PROMETHEUS_RULE.into(),
         text: prometheus_rule(&rules)?,
+    });
+    out.push(Generated {
+        path: BLACKBOX.into(),
+        text: format!(
+            "{HEADER} zlink_wire::canary (xtask/src/topology.rs)\n{}",
+            crate::topology::blackbox_yml(K8S_DNS_NAME)?
+        ),
     });
     Ok(out)
 }

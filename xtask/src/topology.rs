@@ -1,7 +1,9 @@
 //! The local topology as data. `deploy/local/topology.tsv` names every listener of the local
 //! topology with its port offset and, for a process Prometheus scrapes, its job, tier and
-//! component label; `deploy/local/lib.sh` reads the ports from it. This module renders, from
-//! that table, the files the servers read: Prometheus's scrape configuration, Alertmanager's
+//! component label; `deploy/local/probes.tsv` names the canary probes of every rung;
+//! `deploy/local/lib.sh` reads the ports from the first. This module renders, from those
+//! tables, the files the servers read: Prometheus's scrape configuration (the canary probes
+//! included), the blackbox exporter's modules (from `zlink_wire::canary`), Alertmanager's
 //! route, and Toxiproxy's proxy lists (the fault proxies and the network-cut gateways), so no
 //! script builds YAML or JSON by hand.
 
@@ -11,6 +13,10 @@ use std::path::Path;
 
 /// Where the table lives in the repository.
 pub const TABLE: &str = "deploy/local/topology.tsv";
+/// Where the canary probes are listed.
+pub const PROBES: &str = "deploy/local/probes.tsv";
+/// How often Prometheus probes each canary (the issue's 15–30 s; alerts after two failures).
+pub const PROBE_INTERVAL: &str = "15s";
 
 /// One listener: `name` on `ZLINK_PORT_BASE + offset`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,9 +34,24 @@ pub struct Scrape {
     pub component: String,
 }
 
+/// One canary probe: `module` of the blackbox exporter against `listener` (and `path`, for
+/// HTTP), for rung `rung`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub rung: u8,
+    pub name: String,
+    pub module: String,
+    pub listener: String,
+    pub path: Option<String>,
+}
+
+/// The blackbox modules [`blackbox_yml`] writes, by rung.
+const MODULES: [&str; 4] = ["rung1", "rung2", "rung3", "rung4"];
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
     pub listeners: Vec<Listener>,
+    pub probes: Vec<Probe>,
 }
 
 /// Names and labels end up unquoted in YAML and in shell words: keep them to one safe shape.
@@ -83,14 +104,61 @@ impl Topology {
                 scrape,
             });
         }
-        Ok(Topology { listeners })
+        Ok(Topology {
+            listeners,
+            probes: Vec::new(),
+        })
+    }
+
+    /// Adds the probes of `text`: `rung probe module listener path` (`-`: no path).
+    pub fn with_probes(mut self, text: &str) -> Result<Topology> {
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let cols: Vec<&str> = raw.split_whitespace().collect();
+            if cols.is_empty() || cols[0].starts_with('#') {
+                continue;
+            }
+            let [rung, name, module, listener, path] = cols[..] else {
+                bail!("{PROBES}:{line}: want rung, probe, module, listener and path");
+            };
+            let rung: u8 = rung
+                .parse()
+                .ok()
+                .filter(|r| (1..=4).contains(r))
+                .with_context(|| format!("{PROBES}:{line}: rung must be 1 to 4"))?;
+            if !MODULES.contains(&module) {
+                bail!("{PROBES}:{line}: module {module:?} is not one of {MODULES:?}");
+            }
+            if !self.listeners.iter().any(|l| l.name == listener) {
+                bail!("{PROBES}:{line}: {listener} is not in {TABLE}");
+            }
+            let path = match path {
+                "-" => None,
+                p if p.starts_with('/')
+                    && p.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"/_-".contains(&b)) =>
+                {
+                    Some(p.to_string())
+                }
+                p => bail!("{PROBES}:{line}: path {p:?} must be /letters-digits_- or -"),
+            };
+            self.probes.push(Probe {
+                rung,
+                name: check_word("probe", name, line)?,
+                module: module.to_string(),
+                listener: listener.to_string(),
+                path,
+            });
+        }
+        Ok(self)
     }
 
     pub fn load(root: &Path) -> Result<Topology> {
-        let path = root.join(TABLE);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        Topology::parse(&text)
+        let read = |rel: &str| {
+            let path = root.join(rel);
+            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+        };
+        Topology::parse(&read(TABLE)?)?.with_probes(&read(PROBES)?)
     }
 
     /// The port of `name` in the topology on `base`.
@@ -155,7 +223,80 @@ pub fn prometheus_yml(t: &Topology, s: &PrometheusSettings) -> Result<String> {
             );
         }
     }
+    if !t.probes.is_empty() {
+        out += &canary_job(t, s.base)?;
+    }
     Ok(out)
+}
+
+/// The `canary` job: Prometheus asks the blackbox exporter to run each probe's module against
+/// its target every [`PROBE_INTERVAL`]; the series carry `rung` and `probe`.
+fn canary_job(t: &Topology, base: u16) -> Result<String> {
+    let mut out = format!(
+        "  - job_name: canary\n    scrape_interval: {PROBE_INTERVAL}\n    scrape_timeout: 5s\n    \
+         metrics_path: /probe\n    static_configs:\n"
+    );
+    for p in &t.probes {
+        let at = format!("127.0.0.1:{}", t.port(base, &p.listener)?);
+        let target = match &p.path {
+            Some(path) => format!("http://{at}{path}"),
+            None => at,
+        };
+        out += &format!(
+            "      - targets: ['{target}']\n        labels: {{rung: '{}', probe: {}, module: {}}}\n",
+            p.rung, p.name, p.module
+        );
+    }
+    out += &format!(
+        "    relabel_configs:\n      \
+         - {{source_labels: [module], target_label: __param_module}}\n      \
+         - {{source_labels: [__address__], target_label: __param_target}}\n      \
+         - {{source_labels: [__address__], target_label: instance}}\n      \
+         - {{target_label: __address__, replacement: '127.0.0.1:{}'}}\n",
+        t.port(base, "blackbox")?
+    );
+    Ok(out)
+}
+
+/// The blackbox exporter's modules, one per rung, each checking what that rung must answer
+/// for its canary (`zlink_wire::canary`): rung 1 a 302 to canary 1 from `primary`; rung 2 a
+/// 302 to canary 2 from `lastresort`; rung 3 the S3 page (200, a meta refresh to canary 3)
+/// from `lastresort-nginx`; rung 4 an A record for the service's DNS name.
+pub fn blackbox_yml(dns_name: &str) -> Result<String> {
+    use zlink_wire::{blob, canary};
+    if !zlink_wire::domain::is_domain(dns_name) {
+        bail!("{dns_name:?} is not a DNS name");
+    }
+    let location = |n: u8| format!("^{}$", regex::escape(&canary::url(n)));
+    let redirect = |n: u8, tier: &str| {
+        format!(
+            "  rung{n}:\n    prober: http\n    timeout: 3s\n    http:\n      method: GET\n      \
+             follow_redirects: false\n      preferred_ip_protocol: ip4\n      \
+             valid_status_codes: [302]\n      fail_if_header_not_matches:\n        \
+             - {{header: Location, regexp: '{}'}}\n        \
+             - {{header: X-Zlink-Tier, regexp: '^{tier}$'}}\n",
+            location(n)
+        )
+    };
+    let page = format!(
+        "content=\"0; url={}\"",
+        regex::escape(&blob::escape_html(&canary::url(3)))
+    );
+    Ok(format!(
+        "# Rendered by `zlink-xtask topology blackbox` from zlink_wire::canary; do not edit.\n\
+         modules:\n{}{}  rung3:\n    prober: http\n    timeout: 3s\n    http:\n      \
+         method: GET\n      follow_redirects: false\n      preferred_ip_protocol: ip4\n      \
+         valid_status_codes: [200]\n      fail_if_body_not_matches_regexp: ['{page}']\n      \
+         fail_if_header_not_matches:\n        \
+         - {{header: X-Zlink-Tier, regexp: '^lastresort-nginx$'}}\n  \
+         rung4:\n    prober: dns\n    timeout: 3s\n    dns:\n      query_name: {dns_name}\n      \
+         query_type: A\n      transport_protocol: udp\n      preferred_ip_protocol: ip4\n      \
+         valid_rcodes: [NOERROR]\n      validate_answer_rrs:\n        \
+         fail_if_not_matches_regexp: ['^{}\\.\\s+\\d+\\s+IN\\s+A\\s+[0-9.]+$']\n",
+        redirect(1, "primary"),
+        redirect(2, "lastresort"),
+        regex::escape(dns_name),
+    ))
 }
 
 /// Alertmanager's configuration: one route, every alert to the local receiver (the
@@ -196,7 +337,7 @@ mod tests {
 
     const TABLE_TEXT: &str = "# c\ncql 42 - - -\nprimary-1 81 primary primary primary-1\n\
         alertmanager 161 alertmanager monitoring alertmanager\nalert-receiver 162\n\
-        nginx-exporter-frontend 163 nginx frontend nginx-frontend\n";
+        nginx-exporter-frontend 163 nginx frontend nginx-frontend\nblackbox 165\n";
 
     #[test]
     fn the_repository_table_parses_and_names_what_the_scripts_use() {
@@ -274,6 +415,61 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn every_probe_is_a_canary_job_target_through_the_blackbox_exporter() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let t = Topology::load(&root).unwrap();
+        let rungs: BTreeSet<u8> = t.probes.iter().map(|p| p.rung).collect();
+        assert_eq!(rungs, [1, 2, 3, 4].into(), "every rung is probed");
+        let yml = prometheus_yml(
+            &t,
+            &PrometheusSettings {
+                base: 21000,
+                interval: "5s",
+                root: &root,
+            },
+        )
+        .unwrap();
+        let job = &yml[yml.find("  - job_name: canary\n").expect("canary job")..];
+        assert!(job.contains("    metrics_path: /probe\n"));
+        assert!(job.contains(
+            "      - targets: ['http://127.0.0.1:21180/zlink-canary-1']\n        \
+             labels: {rung: '1', probe: frontend, module: rung1}\n"
+        ));
+        assert!(job.contains("      - targets: ['127.0.0.1:21053']\n"));
+        assert!(job.contains("replacement: '127.0.0.1:21165'}"));
+        let bad = |probes: &str| Topology::parse(TABLE_TEXT).unwrap().with_probes(probes);
+        assert!(bad("1 p rung1 cql /x\n").is_ok());
+        for b in [
+            "5 p rung1 cql /x\n",
+            "1 p rung9 cql /x\n",
+            "1 p rung1 nowhere /x\n",
+            "1 p rung1 cql x\n",
+            "1 p rung1 cql /a?b\n",
+            "1 p rung1 cql\n",
+        ] {
+            assert!(bad(b).is_err(), "{b:?}");
+        }
+    }
+
+    #[test]
+    fn blackbox_modules_check_status_destination_and_tier_of_each_rung() {
+        let yml = blackbox_yml("go.zlink.test").unwrap();
+        for rung in ["rung1", "rung2", "rung3", "rung4"] {
+            assert!(yml.contains(&format!("\n  {rung}:\n")), "{rung}");
+        }
+        assert!(
+            yml.contains("- {header: Location, regexp: '^https://canary\\.zlink\\.invalid/1$'}")
+        );
+        assert!(yml.contains("- {header: X-Zlink-Tier, regexp: '^lastresort$'}"));
+        assert!(yml.contains(
+            "fail_if_body_not_matches_regexp: ['content=\"0; url=https://canary\\.zlink\\.invalid/3\"']"
+        ));
+        assert!(yml.contains("query_name: go.zlink.test\n"));
+        assert!(blackbox_yml("go zlink").is_err());
+        assert!(blackbox_yml("x'.example").is_err());
     }
 
     #[test]

@@ -52,6 +52,7 @@ zl_render_nginx() {
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
         "DEFAULT_HOSTS=$(zl_default_hosts_map)" \
         "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
+        "RUNG3_PROBE_UPSTREAM=127.0.0.1:$(zl_port nginx-lastresort)" \
         "${overrides[@]}" >&2 || return 1
       ;;
     *) zl_die "zl_render_nginx: unknown nginx $name" ;;

@@ -68,6 +68,9 @@ zl_toxi() {
 #   blackhole  connections to NAME are accepted and every byte both ways is swallowed | normal
 #   restart    a graceful stop (SIGTERM), then a start, waiting until ready: one step of a
 #              rolling restart, as an upgrade does it | nothing (it is back already)
+#   delete     NAME is a link key: its S3 page deleted behind the system's back (a signed
+#              DELETE straight to S3) | the repair from the store (`replicator reconcile`)
+#   corrupt    the same page overwritten with bytes the replicator never writes | the same
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
   case "$action:$kind" in
@@ -146,6 +149,20 @@ zl_fault() {
         fi
       fi
       ;;
-    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart)" ;;
+    fault:delete | fault:corrupt)
+      [[ "$name" =~ ^[A-Za-z0-9_-]{1,64}$ ]] || zl_die "$kind: '$name' is not a link key of the default domain"
+      local url="http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/${ZLINK_S3_PREFIX:-}$name"
+      local signed=(curl -sS -f -m 5 -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$S3_ACCESS_KEY:$S3_SECRET_KEY")
+      if [[ "$kind" == delete ]]; then
+        "${signed[@]}" -X DELETE "$url"
+      else
+        "${signed[@]}" -X PUT -H 'Content-Type: text/html' --data-binary '<html>not a zlink page</html>' "$url"
+      fi
+      ;;
+    heal:delete | heal:corrupt)
+      (zl_primary_env && zl_s3_env && "$(zl_bin replicator)" reconcile) >>"$(zl_logfile reconcile)" 2>&1 ||
+        zl_die "reconcile failed; see $(zl_logfile reconcile)"
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt)" ;;
   esac
 }

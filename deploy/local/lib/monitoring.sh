@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Prometheus, Alertmanager, the alert receiver and the nginx exporters.
+# Prometheus, Alertmanager, the alert receiver, the nginx exporters and the canary prober.
 # Sourced by deploy/local/lib.sh, never executed.
 
 # ---------------------------------------------------------------- monitoring
@@ -57,3 +57,16 @@ zl_start_nginx_exporter() {
 }
 zl_ready_nginx_exporter() { curl -sf -m 2 "http://127.0.0.1:$(zl_port "$1")/metrics" >/dev/null; }
 ZL_TIMEOUT_nginx_exporter=10
+# The canary prober: Prometheus's `canary` job asks it to probe every rung
+# (deploy/local/probes.tsv) with the modules `zlink-xtask topology blackbox` renders.
+zl_start_blackbox() {
+  local dir="$ZLINK_RUN/blackbox"
+  mkdir -p "$dir"
+  "$(zl_bin zlink-xtask)" topology blackbox --dns-name "$ZLINK_DNS_NAME" >"$dir/blackbox.yml" || return 1
+  prometheus-blackbox-exporter --config.check --config.file="$dir/blackbox.yml" >>"$(zl_logfile blackbox)" 2>&1 ||
+    { zl_log "blackbox config invalid; see $(zl_logfile blackbox)"; return 1; }
+  zl_spawn blackbox prometheus-blackbox-exporter --config.file="$dir/blackbox.yml" \
+    --web.listen-address="127.0.0.1:$(zl_port blackbox)"
+}
+zl_ready_blackbox() { curl -sf -m 2 "http://127.0.0.1:$(zl_port blackbox)/-/healthy" >/dev/null; }
+ZL_TIMEOUT_blackbox=10

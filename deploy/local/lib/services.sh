@@ -39,7 +39,7 @@ zl_start_primary() {
     export ZLINK_SLUG_KEY ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
     zl_worker_threads
     zl_spawn "$name" "$(zl_bin primary)" serve \
-      --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" \
+      --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" --canaries \
       --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
   )
 }

@@ -47,16 +47,27 @@ fn expected_alerts_must_fire_within_their_phase_and_resolve_by_its_end() {
     let changes = [
         c(1500, "ZlinkRung2Serving", true),
         c(1600, "ZlinkPrimariesDown", true),
+        c(1700, "ZlinkRung1CanaryFailing", true),
         c(2500, "ZlinkLastresortDown", true),
+        c(2600, "ZlinkRung2CanaryFailing", true),
         // Rung 3 never fires; rung 3's "down" resolves in time; rung 2 resolves too late.
         c(3500, "ZlinkLastresortDown", false),
+        c(3600, "ZlinkRung2CanaryFailing", false),
         c(4500, "ZlinkPrimariesDown", false),
+        c(4600, "ZlinkRung1CanaryFailing", false),
         c(5200, "ZlinkRung2Serving", false),
     ];
     add_alerts(&ph, &mut r, &changes, true);
     assert!(r[0].misses.is_empty() && r[0].alerts.is_empty());
     assert!(r[1].misses.is_empty(), "{:?}", r[1].misses);
-    assert_eq!(r[1].alerts, ["ZlinkPrimariesDown", "ZlinkRung2Serving"]);
+    assert_eq!(
+        r[1].alerts,
+        [
+            "ZlinkPrimariesDown",
+            "ZlinkRung1CanaryFailing",
+            "ZlinkRung2Serving"
+        ]
+    );
     assert_eq!(r[2].misses, ["alert ZlinkRung3Serving did not fire"]);
     assert!(r[3].misses.is_empty(), "{:?}", r[3].misses);
     assert_eq!(r[4].misses, ["alert ZlinkRung2Serving not resolved"]);
@@ -70,7 +81,7 @@ fn expected_alerts_must_fire_within_their_phase_and_resolve_by_its_end() {
         .collect();
     add_alerts(&ph, &mut r2, &changes, false);
     assert!(r2.iter().all(|x| x.misses.is_empty()));
-    assert_eq!(r2[2].alerts.len(), 3);
+    assert_eq!(r2[2].alerts.len(), 5);
 }
 
 #[test]

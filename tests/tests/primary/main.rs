@@ -13,6 +13,7 @@ use zlink_wire::events::LinkEventKind;
 
 mod bulk;
 mod cache;
+mod canary;
 mod input;
 mod listing;
 mod openapi;
