@@ -156,7 +156,11 @@ zl_fault() {
       if [[ "$kind" == delete ]]; then
         "${signed[@]}" -X DELETE "$url"
       else
-        "${signed[@]}" -X PUT -H 'Content-Type: text/html' --data-binary '<html>not a zlink page</html>' "$url"
+        # curl signs a body only with its hash given (x-amz-content-sha256).
+        local body='<html>not a zlink page</html>'
+        "${signed[@]}" -X PUT -H 'Content-Type: text/html' \
+          -H "x-amz-content-sha256: $(printf '%s' "$body" | sha256sum | cut -d' ' -f1)" \
+          --data-binary "$body" "$url"
       fi
       ;;
     heal:delete | heal:corrupt)
