@@ -53,7 +53,12 @@ mod tests {
             assert!(u.ends_with(&n.to_string()));
         }
         assert!(is_canary("go.example.com/ZLINK-CANARY-1"));
-        for not in ["zlink-canar", "abc", "a.example/abc", "zlink-canary.example/abc"] {
+        for not in [
+            "zlink-canar",
+            "abc",
+            "a.example/abc",
+            "zlink-canary.example/abc",
+        ] {
             assert!(!is_canary(not), "{not}");
         }
     }
