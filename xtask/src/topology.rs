@@ -339,10 +339,19 @@ mod tests {
         alertmanager 161 alertmanager monitoring alertmanager\nalert-receiver 162\n\
         nginx-exporter-frontend 163 nginx frontend nginx-frontend\nblackbox 165\n";
 
+    /// The repository's prometheus.yml on port base 21000.
+    fn repo_prometheus_yml(t: &Topology) -> String {
+        let settings = PrometheusSettings {
+            base: 21000,
+            interval: "5s",
+            root: &crate::workspace_root(),
+        };
+        prometheus_yml(t, &settings).unwrap()
+    }
+
     #[test]
     fn the_repository_table_parses_and_names_what_the_scripts_use() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let t = Topology::load(&root).unwrap();
+        let t = Topology::load(&crate::workspace_root()).unwrap();
         for name in [
             "cql",
             "kafka",
@@ -354,15 +363,7 @@ mod tests {
         ] {
             assert!(t.port(21000, name).is_ok(), "{name}");
         }
-        let yml = prometheus_yml(
-            &t,
-            &PrometheusSettings {
-                base: 21000,
-                interval: "5s",
-                root: &root,
-            },
-        )
-        .unwrap();
+        let yml = repo_prometheus_yml(&t);
         for job in ["primary", "lastresort", "replicator", "clicks", "nginx"] {
             assert!(yml.contains(&format!("job_name: {job}\n")), "{job}");
         }
@@ -419,19 +420,10 @@ mod tests {
 
     #[test]
     fn every_probe_is_a_canary_job_target_through_the_blackbox_exporter() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let t = Topology::load(&root).unwrap();
+        let t = Topology::load(&crate::workspace_root()).unwrap();
         let rungs: BTreeSet<u8> = t.probes.iter().map(|p| p.rung).collect();
         assert_eq!(rungs, [1, 2, 3, 4].into(), "every rung is probed");
-        let yml = prometheus_yml(
-            &t,
-            &PrometheusSettings {
-                base: 21000,
-                interval: "5s",
-                root: &root,
-            },
-        )
-        .unwrap();
+        let yml = repo_prometheus_yml(&t);
         let job = &yml[yml.find("  - job_name: canary\n").expect("canary job")..];
         assert!(job.contains("    metrics_path: /probe\n"));
         assert!(job.contains(
