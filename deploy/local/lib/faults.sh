@@ -164,7 +164,7 @@ zl_fault() {
       fi
       ;;
     heal:delete | heal:corrupt)
-      (zl_primary_env && zl_s3_env && "$(zl_bin replicator)" reconcile) >>"$(zl_logfile reconcile)" 2>&1 ||
+      zl_reconcile >>"$(zl_logfile reconcile)" 2>&1 ||
         zl_die "reconcile failed; see $(zl_logfile reconcile)"
       ;;
     *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt)" ;;

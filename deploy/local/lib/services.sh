@@ -53,6 +53,8 @@ zl_s3_env() {
   export ZLINK_S3_ACCESS_KEY="$S3_ACCESS_KEY"
   export ZLINK_S3_SECRET_KEY="$S3_SECRET_KEY"
 }
+# `replicator reconcile [--dry-run]` against this topology: the repair of S3 from the store.
+zl_reconcile() { (zl_primary_env && zl_s3_env && exec "$(zl_bin replicator)" reconcile "$@"); }
 zl_start_replicator() {
   (
     zl_primary_env
