@@ -5,7 +5,7 @@
 //!
 //! Layers, top to bottom (a module uses only those below it):
 //! - repositories: [`links`] (links, idempotency claims), [`domains`] (branded domains), [`outbox`] (outbox, sweeper lease,
-//!   expiries and their cursor), [`keys`] (API keys), [`ids`] (ID blocks), [`replicas`]
+//!   expiries and their cursor), [`coord`] (leases and cursors of background loops), [`keys`] (API keys), [`ids`] (ID blocks), [`replicas`]
 //!   (replica versions), [`clicks`] (click aggregates, the exactly-once counting write, the
 //!   stats read model);
 //! - [`schema`]: migration (keyspace, tables, added columns);
@@ -17,6 +17,7 @@
 pub mod clicks;
 pub mod config;
 pub mod connect;
+pub mod coord;
 pub mod db;
 pub mod domains;
 pub mod ids;

@@ -1,8 +1,9 @@
 //! The relay's tables: `outbox` (link changes waiting to reach Kafka, written with the change,
-//! deleted once published), `leases` (which primary runs the sweeper), `expiries` (links by the
-//! hour they expire in) and `cursors` (how far the expiry scheduler got).
+//! deleted once published) and `expiries` (links by the hour they expire in), with the relay's
+//! lease (which primary runs the sweeper) and the expiry scheduler's cursor ([`crate::coord`]).
 
-use crate::db::{all, applied, first, Db, StoreError};
+use crate::coord::{Cursors, Leases};
+use crate::db::{all, Db, StoreError};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlTimestamp;
 use scylla::DeserializeRow;
@@ -56,8 +57,7 @@ pub struct Outbox {
     add: PreparedStatement,
     scan: PreparedStatement,
     delete: PreparedStatement,
-    lease_take: PreparedStatement,
-    lease_renew: PreparedStatement,
+    leases: Leases,
 }
 
 impl Outbox {
@@ -85,20 +85,7 @@ impl Outbox {
                     false,
                 )
                 .await?,
-            lease_take: db
-                .prepare(
-                    "INSERT INTO leases (name, holder) VALUES (?, ?) IF NOT EXISTS USING TTL ?",
-                    false,
-                    false,
-                )
-                .await?,
-            lease_renew: db
-                .prepare(
-                    "UPDATE leases USING TTL ? SET holder = ? WHERE name = ? IF holder = ?",
-                    false,
-                    false,
-                )
-                .await?,
+            leases: Leases::prepare(db.clone()).await?,
             db,
         })
     }
@@ -141,15 +128,7 @@ impl Outbox {
 
     /// Takes or renews the lease `name` for `ttl_s` seconds. True while `holder` holds it.
     pub async fn lease(&self, name: &str, holder: &str, ttl_s: i32) -> Result<bool, StoreError> {
-        let renew = (ttl_s, holder, name, holder);
-        if applied(self.db.exec(&self.lease_renew, renew).await?)? {
-            return Ok(true);
-        }
-        applied(
-            self.db
-                .exec(&self.lease_take, (name, holder, ttl_s))
-                .await?,
-        )
+        self.leases.lease(name, holder, ttl_s).await
     }
 }
 
@@ -157,9 +136,7 @@ pub struct Expiries {
     db: Arc<Db>,
     add: PreparedStatement,
     scan: PreparedStatement,
-    cursor_get: PreparedStatement,
-    cursor_init: PreparedStatement,
-    cursor_set: PreparedStatement,
+    cursors: Cursors,
 }
 
 impl Expiries {
@@ -179,23 +156,7 @@ impl Expiries {
                     false,
                 )
                 .await?,
-            cursor_get: db
-                .prepare("SELECT position FROM cursors WHERE name = ?", true, false)
-                .await?,
-            cursor_init: db
-                .prepare(
-                    "INSERT INTO cursors (name, position) VALUES (?, ?) IF NOT EXISTS",
-                    false,
-                    false,
-                )
-                .await?,
-            cursor_set: db
-                .prepare(
-                    "UPDATE cursors SET position = ? WHERE name = ?",
-                    true,
-                    false,
-                )
-                .await?,
+            cursors: Cursors::prepare(db.clone()).await?,
             db,
         })
     }
@@ -224,20 +185,11 @@ impl Expiries {
 
     /// The cursor's position, created at `initial` if it does not exist yet.
     pub async fn cursor(&self, name: &str, initial: i64) -> Result<i64, StoreError> {
-        let res = self.db.exec(&self.cursor_get, (name,)).await?;
-        if let Some((p,)) = first::<(i64,)>(res)? {
-            return Ok(p);
-        }
-        self.db.exec(&self.cursor_init, (name, initial)).await?;
-        let res = self.db.exec(&self.cursor_get, (name,)).await?;
-        first::<(i64,)>(res)?
-            .map(|(p,)| p)
-            .ok_or_else(|| StoreError::Corrupt("cursor vanished".into()))
+        self.cursors.get(name, initial).await
     }
 
     pub async fn set_cursor(&self, name: &str, position: i64) -> Result<(), StoreError> {
-        self.db.exec(&self.cursor_set, (position, name)).await?;
-        Ok(())
+        self.cursors.set(name, position).await
     }
 }
 
