@@ -169,6 +169,8 @@ pub struct Applier {
     pub replicas: Replicas,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
+    /// Every object written is read back a little later (`crate::audit`).
+    pub rechecks: Arc<crate::audit::Rechecks>,
 }
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
@@ -290,6 +292,7 @@ impl Applier {
                 .await?)
         })
         .await?;
+        self.rechecks.push(&ev.key, ev.version, self.clock.now_ms());
         if ev.kind == LinkEventKind::Created && outcome == Outcome::Put {
             let secs = (self.clock.now_ms() - ev.at_ms).max(0) as f64 / 1000.0;
             self.metrics.create_to_s3_seconds.observe(secs);

@@ -5,9 +5,11 @@
 //! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
 //! - [`journal`]: the change journal in S3 that tells lastresort what to forget.
 //! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
+//! - [`audit`]: the same comparison all the time, in slices, and a read-back of each write.
 //! - [`metrics`]: Prometheus metrics, one registry.
 
 pub mod apply;
+pub mod audit;
 pub mod consumer;
 pub mod journal;
 pub mod metrics;
@@ -26,33 +28,57 @@ use zlink_clients::ops::{self, Ops, Readiness};
 pub struct App {
     pub applier: Arc<Applier>,
     pub pipeline: Arc<Pipeline>,
+    pub audit: Arc<audit::Audit>,
 }
 
 impl App {
     /// From validated configs and a connected session: the S3 client, the replica-version
-    /// repository, the metrics, the consumer (not yet consuming).
+    /// repository, the metrics, the consumer (not yet consuming), the audit (not yet running).
     pub async fn build(
         kafka: &consumer::KafkaConfig,
         s3: &zlink_clients::s3::S3Config,
+        audit: &audit::AuditArgs,
         db: zlink_store::Db,
         clock: Arc<dyn zlink_clients::clock::Clock>,
     ) -> anyhow::Result<App> {
         let db = Arc::new(db);
         let metrics = Arc::new(metrics::Metrics::new());
+        let s3 = Arc::new(s3::S3Store::new(s3));
+        let rechecks = Arc::new(audit::Rechecks::new(audit, metrics.clone()));
         let applier = Arc::new(Applier {
-            s3: Arc::new(s3::S3Store::new(s3)),
+            s3: s3.clone(),
             replicas: zlink_store::replicas::Replicas::prepare(db.clone()).await?,
-            db,
+            db: db.clone(),
             metrics: metrics.clone(),
-            clock,
+            clock: clock.clone(),
+            rechecks: rechecks.clone(),
         });
+        let checker = reconcile::Checker {
+            store: Arc::new(reconcile::ReconcileStore::prepare(db.clone()).await?),
+            s3,
+        };
+        let audit = Arc::new(audit::Audit::new(
+            checker,
+            zlink_store::coord::Leases::prepare(db.clone()).await?,
+            zlink_store::coord::Cursors::prepare(db).await?,
+            metrics.clone(),
+            clock,
+            audit.clone(),
+            rechecks,
+        ));
         let pipeline = Pipeline::new(kafka, applier.clone(), metrics)?;
-        Ok(App { applier, pipeline })
+        Ok(App {
+            applier,
+            pipeline,
+            audit,
+        })
     }
 
     /// Consumes and serves the ops endpoint until `shutdown`.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) {
-        run(listener, self.pipeline, self.applier, shutdown).await
+        let audit = tokio::spawn(self.audit.clone().run(shutdown.clone()));
+        run(listener, self.pipeline, self.applier, shutdown).await;
+        let _ = audit.await;
     }
 }
 

@@ -1,5 +1,6 @@
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use replicator::audit::AuditArgs;
 use replicator::consumer::KafkaConfig;
 use replicator::reconcile::{reconcile, ReconcileArgs, ReconcileStore};
 use replicator::s3::{S3Config, S3Store};
@@ -36,6 +37,9 @@ enum Command {
         s3: S3Config,
         #[command(flatten)]
         store: StoreConfig,
+        /// The continuous store ↔ S3 audit.
+        #[command(flatten)]
+        audit: AuditArgs,
         /// Traces: each event continues the trace in its `traceparent` header.
         #[command(flatten)]
         trace: zlink_clients::trace::TraceArgs,
@@ -60,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
             kafka,
             s3,
             store,
+            audit,
             trace,
         } => {
             for check in [kafka.validate(), s3.validate(), store.validate()] {
@@ -72,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
             let db = zlink_store::connect::connect_store(&store, Duration::from_secs(60))
                 .await
                 .context("connecting to the store")?;
-            let app = App::build(&kafka, &s3, db, Arc::new(SystemClock))
+            let app = App::build(&kafka, &s3, &audit, db, Arc::new(SystemClock))
                 .await
                 .context("starting the replicator")?;
             let listener = tokio::net::TcpListener::bind(listen)

@@ -29,6 +29,26 @@ pub struct Metrics {
     /// go under-replicated while every produce and fetch still succeeds.
     pub kafka_brokers: prometheus::IntGauge,
     pub kafka_partitions: IntGaugeVec,
+    /// The store ↔ S3 audit (`crate::audit`): links and objects compared, by source (sweep,
+    /// listing, recheck).
+    pub audit_checked: IntCounterVec,
+    /// Drift found, by kind (missing, stale, orphan), and drift repaired.
+    pub audit_found: IntCounterVec,
+    pub audit_repaired: IntCounterVec,
+    /// Drift found and not repaired yet, by kind: what the last resort would serve wrong now.
+    pub audit_drift: IntGaugeVec,
+    /// Slices the sweep could not finish (store or S3 failing): checked again.
+    pub audit_failures: IntCounter,
+    /// Slices checked, and whole passes over the links and over the bucket.
+    pub audit_slices: IntCounter,
+    pub audit_passes: IntCounterVec,
+    /// Where the sweep is in its pass over the token ring, 0..1.
+    pub audit_position: prometheus::Gauge,
+    /// 1 while this replicator holds the audit lease (sweeps).
+    pub audit_leader: prometheus::IntGauge,
+    /// Objects written and waiting for their read-back; read-backs dropped (queue full).
+    pub audit_recheck_queue: prometheus::IntGauge,
+    pub audit_recheck_dropped: IntCounter,
 }
 
 impl Metrics {
@@ -94,8 +114,91 @@ impl Metrics {
             &["state"],
         )
         .expect("metric");
+        let audit_checked = IntCounterVec::new(
+            Opts::new(
+                "audit_checked_total",
+                "Links and objects the S3 audit compared with the store, by source",
+            ),
+            &["source"],
+        )
+        .expect("metric");
+        let audit_found = IntCounterVec::new(
+            Opts::new(
+                "audit_drift_found_total",
+                "S3 objects found differing from the store, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let audit_repaired = IntCounterVec::new(
+            Opts::new(
+                "audit_repaired_total",
+                "S3 drift repaired from the store, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        let audit_drift = IntGaugeVec::new(
+            Opts::new(
+                "audit_drift",
+                "S3 drift found and not repaired yet, by kind",
+            ),
+            &["kind"],
+        )
+        .expect("metric");
+        for kind in ["missing", "stale", "orphan"] {
+            audit_drift.with_label_values(&[kind]).set(0);
+            audit_found.with_label_values(&[kind]);
+            audit_repaired.with_label_values(&[kind]);
+        }
+        let audit_failures = IntCounter::new(
+            "audit_failures_total",
+            "Audit slices or read-backs not finished because the store or S3 failed",
+        )
+        .expect("metric");
+        let audit_slices =
+            IntCounter::new("audit_slices_total", "Audit slices checked").expect("metric");
+        let audit_passes = IntCounterVec::new(
+            Opts::new(
+                "audit_passes_total",
+                "Whole audit passes, over the links and over the bucket",
+            ),
+            &["side"],
+        )
+        .expect("metric");
+        let audit_position = prometheus::Gauge::new(
+            "audit_position_ratio",
+            "Where the audit is in its pass over the token ring",
+        )
+        .expect("metric");
+        let audit_leader = prometheus::IntGauge::new(
+            "audit_leader",
+            "1 while this replicator holds the audit lease",
+        )
+        .expect("metric");
+        let audit_recheck_queue = prometheus::IntGauge::new(
+            "audit_recheck_queue",
+            "Objects written and waiting to be read back",
+        )
+        .expect("metric");
+        let audit_recheck_dropped = IntCounter::new(
+            "audit_recheck_dropped_total",
+            "Read-backs dropped because the queue was full",
+        )
+        .expect("metric");
         zlink_clients::register_metrics!(
             registry,
+            audit_checked,
+            audit_found,
+            audit_repaired,
+            audit_drift,
+            audit_failures,
+            audit_slices,
+            audit_passes,
+            audit_position,
+            audit_leader,
+            audit_recheck_queue,
+            audit_recheck_dropped,
             kafka_brokers,
             kafka_partitions,
             events,
@@ -119,6 +222,17 @@ impl Metrics {
             journal_objects,
             kafka_brokers,
             kafka_partitions,
+            audit_checked,
+            audit_found,
+            audit_repaired,
+            audit_drift,
+            audit_failures,
+            audit_slices,
+            audit_passes,
+            audit_position,
+            audit_leader,
+            audit_recheck_queue,
+            audit_recheck_dropped,
         }
     }
 

@@ -127,6 +127,7 @@ pub struct Links {
     claim_idem: PreparedStatement,
     get_idem_serial: PreparedStatement,
     scan: PreparedStatement,
+    changed_at: PreparedStatement,
     index_add: PreparedStatement,
     index_month_add: PreparedStatement,
     index_months: PreparedStatement,
@@ -165,6 +166,13 @@ impl Links {
             .await?;
         scan.set_page_size(500);
         Ok(Links {
+            changed_at: db
+                .prepare(
+                    "SELECT WRITETIME(version) FROM links WHERE slug = ?",
+                    true,
+                    false,
+                )
+                .await?,
             get: db.prepare(select.clone(), true, false).await?,
             get_serial: db.prepare(select, true, true).await?,
             insert: db
@@ -442,6 +450,12 @@ impl Links {
                 "idempotency key expired while being claimed",
             )),
         }
+    }
+
+    /// When the link's current version was written (its last change), in Unix milliseconds.
+    pub async fn changed_at_ms(&self, slug: &str) -> Result<Option<i64>, StoreError> {
+        let row = first::<(Option<i64>,)>(self.db.exec(&self.changed_at, (slug,)).await?)?;
+        Ok(row.and_then(|(micros,)| micros).map(|us| us / 1000))
     }
 
     /// One page (≤ 500 links) of the links whose partition token lies in `[from, to]`, and the

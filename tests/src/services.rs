@@ -152,12 +152,29 @@ pub async fn spawn_replicator(infra: &Infra, keyspace: &str, brokers: &str) -> R
 }
 
 /// A replicator with its Kafka settings changed by `tune` (e.g. `consumer_stall_secs`,
-/// `group_instance_id`).
+/// `group_instance_id`). Its S3 audit is off (tests that break S3 behind the replicator's
+/// back would race it); [`spawn_replicator_audited`] turns it on.
 pub async fn spawn_replicator_with(
     infra: &Infra,
     keyspace: &str,
     brokers: &str,
     tune: impl FnOnce(&mut replicator::consumer::KafkaConfig),
+) -> ReplicatorHandle {
+    let off = replicator::audit::AuditArgs {
+        period_secs: 0,
+        recheck_secs: 0,
+        ..Default::default()
+    };
+    spawn_replicator_audited(infra, keyspace, brokers, tune, off).await
+}
+
+/// A replicator running the S3 audit with `audit`.
+pub async fn spawn_replicator_audited(
+    infra: &Infra,
+    keyspace: &str,
+    brokers: &str,
+    tune: impl FnOnce(&mut replicator::consumer::KafkaConfig),
+    audit: replicator::audit::AuditArgs,
 ) -> ReplicatorHandle {
     let n = names(keyspace);
     let mut kafka = replicator::consumer::KafkaConfig {
@@ -177,6 +194,7 @@ pub async fn spawn_replicator_with(
     let app = replicator::App::build(
         &kafka,
         &infra.s3_config(&n.s3_prefix),
+        &audit,
         db,
         Arc::new(SystemClock),
     )

@@ -9,6 +9,7 @@ use zlink_clients::clock::{Clock, ManualClock};
 use zlink_e2e::*;
 use zlink_wire::blob::{self, Blob};
 
+mod audit;
 mod outages;
 mod reconcile;
 
