@@ -32,6 +32,14 @@ DASHBOARDS = {
         ("Canary probe time", "s", [
             ("rung {{rung}}: {{probe}}", 'max by (rung, probe) (probe_duration_seconds{job="canary"})'),
         ]),
+        ("S3 copy vs store: drift found, repaired, outstanding (the audit)", "short", [
+            ("found {{kind}} /15m", 'sum by (kind) (increase(zlink_replicator_audit_drift_found_total[15m]))'),
+            ("outstanding {{kind}}", 'sum by (kind) (zlink_replicator_audit_drift)'),
+        ]),
+        ("S3 audit: pass position (0..1) and checks", "short", [
+            ("position", 'max(zlink_replicator_audit_position_ratio)'),
+            ("checks/s {{source}}", 'sum by (source) (rate(zlink_replicator_audit_checked_total[5m]))'),
+        ]),
         ("Primary redirect latency", "s", [
             ("p50", 'histogram_quantile(0.5, sum by (le) (rate(zlink_primary_redirect_duration_seconds_bucket[1m])))'),
             ("p95", 'histogram_quantile(0.95, sum by (le) (rate(zlink_primary_redirect_duration_seconds_bucket[1m])))'),

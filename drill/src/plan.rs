@@ -121,15 +121,36 @@ const RUNG3_ALERTS: [&str; 3] = [
     "ZlinkRung2CanaryFailing",
 ];
 
-/// The alerts a broken tier must raise (killed or hung: it stops answering its scrape).
+/// The alerts a broken tier must raise (killed or hung: it stops answering its scrape), and
+/// that must be resolved once it is back.
 fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
     match (kind, tier) {
         (Kind::Kill | Kind::Hang, "primaries") => RUNG2_ALERTS.to_vec(),
         (Kind::Kill | Kind::Hang, "lastresorts") => vec!["ZlinkLastresortDown"],
         (Kind::Kill | Kind::Hang, "replicator") => vec!["ZlinkReplicatorDown"],
-        // Rung 3 cannot serve its canary: its probe sees the 404 or the foreign bytes.
-        (Kind::Delete | Kind::Corrupt, CANARY_PAGE) => vec!["ZlinkRung3CanaryFailing"],
         _ => vec![],
+    }
+}
+
+/// (must fire while broken, must fire by the end of the phase after, must be resolved by then)
+type PhaseAlerts = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>);
+
+/// What a fault's two phases expect of the alerts. A canary page deleted or corrupted behind
+/// the system's back is repaired by the replicator's S3 audit, with no heal step doing it:
+/// the repair raises `ZlinkS3DriftRepaired` (by the end of the phase after, when the heal has
+/// seen the page right again), and rung 3's canary alert, which fires if the page stayed
+/// broken two probes long (the audit may be quicker), is resolved by then.
+fn phase_alerts(kind: Kind, tier: &str) -> PhaseAlerts {
+    match (kind, tier) {
+        (Kind::Delete | Kind::Corrupt, CANARY_PAGE) => (
+            vec![],
+            vec!["ZlinkS3DriftRepaired"],
+            vec!["ZlinkRung3CanaryFailing"],
+        ),
+        _ => {
+            let a = tier_alerts(kind, tier);
+            (a.clone(), vec![], a)
+        }
     }
 }
 
@@ -346,7 +367,7 @@ pub fn phases(
                 } else {
                     (each(Action::Break, *k, &cs), vec![])
                 };
-                let alerts = tier_alerts(*k, tier);
+                let (fire, back_fire, back_resolve) = phase_alerts(*k, tier);
                 // One replica of three lost: the write path is still whole.
                 let replica = replicas.contains(tier);
                 out.push(Phase {
@@ -356,7 +377,7 @@ pub fn phases(
                     flap,
                     single_tier: true,
                     writes_whole: replica || !WRITE_PATH.contains(&tier.as_str()),
-                    alerts_fire: alerts.clone(),
+                    alerts_fire: fire,
                     alerts_resolve: vec![],
                     invisible: replica,
                 });
@@ -372,8 +393,8 @@ pub fn phases(
                     flap: vec![],
                     single_tier: true,
                     writes_whole: true,
-                    alerts_fire: vec![],
-                    alerts_resolve: alerts,
+                    alerts_fire: back_fire,
+                    alerts_resolve: back_resolve,
                     invisible: replica,
                 });
             }

@@ -69,7 +69,9 @@ zl_toxi() {
 #   restart    a graceful stop (SIGTERM), then a start, waiting until ready: one step of a
 #              rolling restart, as an upgrade does it | nothing (it is back already)
 #   delete     NAME is a link key: its S3 page deleted behind the system's back (a signed
-#              DELETE straight to S3) | the repair from the store (`replicator reconcile`)
+#              DELETE straight to S3) | nothing but waiting: the replicator's S3 audit repairs
+#              it from the store by itself (within a pass, 2 minutes here); the page must be
+#              what it was before the fault within 3 passes
 #   corrupt    the same page overwritten with bytes the replicator never writes | the same
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
@@ -152,6 +154,10 @@ zl_fault() {
     fault:delete | fault:corrupt)
       [[ "$name" =~ ^[A-Za-z0-9_-]{1,64}$ ]] || zl_die "$kind: '$name' is not a link key of the default domain"
       local url="http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/${ZLINK_S3_PREFIX:-}$name"
+      # The page as it was, for the heal to compare with.
+      mkdir -p "$ZLINK_RUN/faults"
+      curl -sS -f -m 5 -o "$ZLINK_RUN/faults/$name.page" "$url" ||
+        zl_die "$kind: no S3 page for '$name' to break"
       local signed=(curl -sS -f -m 5 -o /dev/null --aws-sigv4 "aws:amz:us-east-1:s3" --user "$S3_ACCESS_KEY:$S3_SECRET_KEY")
       if [[ "$kind" == delete ]]; then
         "${signed[@]}" -X DELETE "$url"
@@ -164,8 +170,14 @@ zl_fault() {
       fi
       ;;
     heal:delete | heal:corrupt)
-      zl_reconcile >>"$(zl_logfile reconcile)" 2>&1 ||
-        zl_die "reconcile failed; see $(zl_logfile reconcile)"
+      # No human repair: the audit must put the page back as it was.
+      [[ "$name" =~ ^[A-Za-z0-9_-]{1,64}$ && -f "$ZLINK_RUN/faults/$name.page" ]] ||
+        zl_die "$kind: '$name' was not broken by ctl fault"
+      local url="http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/${ZLINK_S3_PREFIX:-}$name"
+      zl_wait_for "the S3 audit repairs $name" $((3 * ${ZLINK_AUDIT_PERIOD_SECS:-120})) \
+        bash -c 'curl -sS -f -m 5 "$1" 2>/dev/null | cmp -s - "$2"' _ "$url" "$ZLINK_RUN/faults/$name.page" ||
+        zl_die "$name: the S3 audit did not repair its page"
+      rm -f "$ZLINK_RUN/faults/$name.page"
       ;;
     *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt)" ;;
   esac

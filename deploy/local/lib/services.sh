@@ -62,8 +62,12 @@ zl_start_replicator() {
     export RUST_LOG="${RUST_LOG:-info}"
     # Static group membership (one instance here): it takes its partitions back at once after
     # a restart of its own or of Kafka, so ε holds (ARCHITECTURE.md, "Budgets").
+    # The S3 audit: a whole pass every 2 minutes here (a few thousand links: ~30 reads a
+    # second), so a page broken behind the system's back is repaired within minutes;
+    # production keeps the default day (docs/design/canaries.md).
     zl_spawn replicator "$(zl_bin replicator)" run --listen "127.0.0.1:$(zl_port replicator)" \
-      --group-instance-id replicator
+      --group-instance-id replicator \
+      --audit-period-secs "${ZLINK_AUDIT_PERIOD_SECS:-120}" --audit-slices "${ZLINK_AUDIT_SLICES:-32}"
   )
 }
 zl_ready_replicator() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port replicator)/readyz")" == 200 ]]; }

@@ -157,11 +157,14 @@ fn the_canary_page_is_deleted_or_corrupted_and_rung_3_alerts() {
         ph[1].actions,
         [Action::Break(Kind::Delete, "zlink-canary-3".into())]
     );
-    assert_eq!(ph[1].alerts_fire, ["ZlinkRung3CanaryFailing"]);
+    // The audit may repair the page before rung 3's alert can fire: only its own alert, on
+    // the repair, is certain; the canary alert must be resolved after it.
+    assert!(ph[1].alerts_fire.is_empty());
     assert_eq!(
         ph[2].actions,
         [Action::Restore(Kind::Delete, "zlink-canary-3".into())]
     );
+    assert_eq!(ph[2].alerts_fire, ["ZlinkS3DriftRepaired"]);
     assert_eq!(ph[2].alerts_resolve, ["ZlinkRung3CanaryFailing"]);
     assert_eq!(
         ph[3].actions,
