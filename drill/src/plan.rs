@@ -19,11 +19,16 @@ pub enum Kind {
     /// rolling restart. Nothing to restore.
     Restart,
     /// A link's S3 page deleted behind the system's back (a signed DELETE straight to S3);
-    /// restored by the repair from the store (`reconcile`). Only the canary page's.
+    /// repaired by the replicator's S3 audit, which the restore waits for. Only the canary
+    /// page's.
     Delete,
-    /// A link's S3 page overwritten with bytes the replicator never writes; restored the same
+    /// A link's S3 page overwritten with bytes the replicator never writes; repaired the same
     /// way. Only the canary page's.
     Corrupt,
+    /// S3's anonymous read grant (what the last-resort hosts' nginx reads pages with)
+    /// withdrawn, as a changed bucket policy would; restored by the restore (a permission is
+    /// a person's decision, not a repair). Only S3.
+    Deny,
 }
 
 /// What a flapping component does while it is "down".
@@ -49,18 +54,25 @@ impl Kind {
             Kind::Restart => "restart",
             Kind::Delete => "delete",
             Kind::Corrupt => "corrupt",
+            Kind::Deny => "deny",
         }
     }
 
     pub fn parse(s: &str) -> anyhow::Result<Kind> {
         Kind::ALL
             .into_iter()
-            .chain([Kind::Cut, Kind::Restart, Kind::Delete, Kind::Corrupt])
+            .chain([
+                Kind::Cut,
+                Kind::Restart,
+                Kind::Delete,
+                Kind::Corrupt,
+                Kind::Deny,
+            ])
             .find(|k| k.name() == s)
             .with_context(|| {
                 format!(
                     "unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut, restart, \
-                     delete, corrupt)"
+                     delete, corrupt, deny)"
                 )
             })
     }
@@ -128,6 +140,8 @@ fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
         (Kind::Kill | Kind::Hang, "primaries") => RUNG2_ALERTS.to_vec(),
         (Kind::Kill | Kind::Hang, "lastresorts") => vec!["ZlinkLastresortDown"],
         (Kind::Kill | Kind::Hang, "replicator") => vec!["ZlinkReplicatorDown"],
+        // Rung 3 reads S3 anonymously: its canary probe gets the 404 page.
+        (Kind::Deny, _) => vec!["ZlinkRung3CanaryFailing"],
         _ => vec![],
     }
 }
@@ -354,6 +368,9 @@ pub fn phases(
                         k.name()
                     );
                 }
+                if *k == Kind::Deny && tier != "s3" {
+                    bail!("deny:{tier}: deny applies to s3 only");
+                }
                 if k.needs_proxy() && !proxied.iter().any(|p| p == tier) {
                     bail!(
                         "{}:{tier}: no fault proxy in front of {tier} (proxied: {proxied:?})",
@@ -376,7 +393,10 @@ pub fn phases(
                     actions,
                     flap,
                     single_tier: true,
-                    writes_whole: replica || !WRITE_PATH.contains(&tier.as_str()),
+                    // (Deny leaves the replicator's signed writes alone.)
+                    writes_whole: replica
+                        || *k == Kind::Deny
+                        || !WRITE_PATH.contains(&tier.as_str()),
                     alerts_fire: fire,
                     alerts_resolve: vec![],
                     invisible: replica,

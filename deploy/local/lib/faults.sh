@@ -73,6 +73,10 @@ zl_toxi() {
 #              it from the store by itself (within a pass, 2 minutes here); the page must be
 #              what it was before the fault within 3 passes
 #   corrupt    the same page overwritten with bytes the replicator never writes | the same
+#   deny       NAME is s3: its anonymous read grant (what the last-resort hosts' nginx reads
+#              pages with) withdrawn, as a changed bucket policy would: the identity file
+#              rewritten and reloaded (SIGHUP), signed access untouched | the grant back
+#              (no repair can restore a permission: the rung-3 canary alert says it)
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
   case "$action:$kind" in
@@ -179,6 +183,23 @@ zl_fault() {
         zl_die "$name: the S3 audit did not repair its page"
       rm -f "$ZLINK_RUN/faults/$name.page"
       ;;
-    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt)" ;;
+    fault:deny | heal:deny)
+      [[ "$name" == s3 ]] || zl_die "deny: only s3 has an anonymous read grant"
+      local grant="\"Read:$S3_BUCKET\"" denied='"Read:zlink-read-denied"' want=403
+      if [[ "$kind:$action" == deny:fault ]]; then
+        sed -i "s/$grant/$denied/" "$ZLINK_RUN/s3/s3.json"
+      else
+        sed -i "s/$denied/$grant/" "$ZLINK_RUN/s3/s3.json"
+        want=404
+      fi
+      pid="$(zl_pid s3)" || zl_die "s3 is not running"
+      kill -HUP "$pid"
+      # An anonymous GET of a missing key: 403 once the grant is gone, 404 with it.
+      zl_wait_for "s3 anonymous reads answered $want" 30 bash -c \
+        '[[ "$(curl -s -o /dev/null -w "%{http_code}" -m 2 "$1")" == "$2" ]]' _ \
+        "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe" "$want" ||
+        zl_die "s3 did not reload its identities"
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt deny)" ;;
   esac
 }

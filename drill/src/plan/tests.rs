@@ -176,8 +176,24 @@ fn the_canary_page_is_deleted_or_corrupted_and_rung_3_alerts() {
         ("store".to_string(), vec!["cassandra".to_string()]),
     ]
     .into();
-    for bad in ["delete:store", "kill:canary-page"] {
+    for bad in ["delete:store", "kill:canary-page", "deny:store"] {
         let sc = [Scenario::parse(bad).unwrap()];
         assert!(phases(&sc, &tiers, &[], &[]).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn deny_withdraws_s3s_anonymous_read_and_rung_3s_canary_says_so() {
+    let tiers: BTreeMap<String, Vec<String>> = [("s3".to_string(), vec!["s3".to_string()])].into();
+    let ph = phases(&[Scenario::parse("deny:s3").unwrap()], &tiers, &[], &[]).unwrap();
+    assert_eq!(ph[1].actions, [Action::Break(Kind::Deny, "s3".into())]);
+    assert_eq!(ph[1].alerts_fire, ["ZlinkRung3CanaryFailing"]);
+    assert!(
+        ph[1].writes_whole,
+        "the replicator's signed writes still pass"
+    );
+    assert_eq!(ph[2].actions, [Action::Restore(Kind::Deny, "s3".into())]);
+    assert_eq!(ph[2].alerts_resolve, ["ZlinkRung3CanaryFailing"]);
+    // Kill and the rest still apply to s3.
+    assert!(phases(&[Scenario::parse("kill:s3").unwrap()], &tiers, &[], &[]).is_ok());
 }
