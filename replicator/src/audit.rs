@@ -86,6 +86,8 @@ const RETRY_EVERY: Duration = Duration::from_secs(5);
 const RECHECK_CAP: usize = 100_000;
 /// Outstanding repairs held; beyond this new drift is counted but left to the next pass.
 const OUTSTANDING_CAP: usize = 10_000;
+/// Read-backs per second at most (a replicator applies far fewer writes a second).
+const READ_BACKS_PER_TICK: usize = 4096;
 /// A difference on a link the replicator has not applied yet, changed less than this ago, is
 /// a change on its way (replication's budget is 5 s; its lag alerts fire within minutes).
 const IN_FLIGHT_GRACE_MS: i64 = 120_000;
@@ -162,6 +164,8 @@ pub struct Audit {
     holder: String,
     pub rechecks: Arc<Rechecks>,
     outstanding: Mutex<HashMap<Target, Drift>>,
+    /// Whether this replicator held the lease at its last renewal, and when that was.
+    lease: tokio::sync::Mutex<(bool, Option<Instant>)>,
 }
 
 /// The result of checking one link or object.
@@ -201,6 +205,7 @@ impl Audit {
             holder,
             rechecks,
             outstanding: Mutex::new(HashMap::new()),
+            lease: tokio::sync::Mutex::new((false, None)),
         }
     }
 
@@ -217,8 +222,7 @@ impl Audit {
                 .max(1000),
         );
         let start = Instant::now();
-        let (mut next_slice, mut next_lease, mut next_retry) = (start, start, start);
-        let mut leader = false;
+        let (mut next_slice, mut next_retry) = (start, start);
         let mut listing = Listing::default();
         loop {
             tokio::select! {
@@ -231,26 +235,32 @@ impl Audit {
                 self.retry_outstanding().await;
                 next_retry = now + RETRY_EVERY;
             }
-            if !sweeping {
-                continue;
-            }
-            if now >= next_lease {
-                leader = match self.leases.lease(LEASE, &self.holder, LEASE_TTL_S).await {
-                    Ok(held) => held,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "audit lease unavailable");
-                        false
-                    }
-                };
-                self.metrics.audit_leader.set(i64::from(leader));
-                next_lease = now + LEASE_EVERY;
-            }
-            if leader && now >= next_slice {
+            if sweeping && self.keep_lease().await && now >= next_slice {
                 self.slice(&mut listing).await;
                 next_slice = (next_slice + slice_every).max(Instant::now());
             }
         }
         self.metrics.audit_leader.set(0);
+    }
+
+    /// Whether this replicator holds the sweep's lease, renewing it (or trying to take it)
+    /// when the last renewal is [`LEASE_EVERY`] old: called between pages too, so a long
+    /// slice does not outlive its lease.
+    async fn keep_lease(&self) -> bool {
+        let mut lease = self.lease.lock().await;
+        if lease.1.is_some_and(|at| at.elapsed() < LEASE_EVERY) {
+            return lease.0;
+        }
+        let held = match self.leases.lease(LEASE, &self.holder, LEASE_TTL_S).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(error = %e, "audit lease unavailable");
+                false
+            }
+        };
+        *lease = (held, Some(Instant::now()));
+        self.metrics.audit_leader.set(i64::from(held));
+        held
     }
 
     /// Checks the next token range of the pass (and its share of the listing); advances the
@@ -482,9 +492,10 @@ impl Audit {
         }
     }
 
-    /// The objects written `--audit-recheck-secs` ago, read back.
+    /// The objects written `--audit-recheck-secs` ago, read back (at most
+    /// [`READ_BACKS_PER_TICK`] a second: the rest wait, the lease and the sweep go on).
     async fn read_back(&self) {
-        loop {
+        for _ in 0..READ_BACKS_PER_TICK / 256 {
             let due = self.rechecks.due(self.clock.now_ms(), 256);
             if due.is_empty() {
                 return;
