@@ -393,10 +393,9 @@ pub fn phases(
                     actions,
                     flap,
                     single_tier: true,
-                    // (Deny leaves the replicator's signed writes alone.)
-                    writes_whole: replica
-                        || *k == Kind::Deny
-                        || !WRITE_PATH.contains(&tier.as_str()),
+                    // (Deny too: the replicator still writes, but rung 3 cannot read a new
+                    // link, so it does not reach every rung.)
+                    writes_whole: replica || !WRITE_PATH.contains(&tier.as_str()),
                     alerts_fire: fire,
                     alerts_resolve: vec![],
                     invisible: replica,

@@ -189,8 +189,8 @@ fn deny_withdraws_s3s_anonymous_read_and_rung_3s_canary_says_so() {
     assert_eq!(ph[1].actions, [Action::Break(Kind::Deny, "s3".into())]);
     assert_eq!(ph[1].alerts_fire, ["ZlinkRung3CanaryFailing"]);
     assert!(
-        ph[1].writes_whole,
-        "the replicator's signed writes still pass"
+        !ph[1].writes_whole,
+        "rung 3 cannot read a new link: ε is not held"
     );
     assert_eq!(ph[2].actions, [Action::Restore(Kind::Deny, "s3".into())]);
     assert_eq!(ph[2].alerts_resolve, ["ZlinkRung3CanaryFailing"]);
