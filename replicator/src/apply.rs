@@ -170,7 +170,7 @@ pub struct Applier {
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     /// Every object written is read back a little later (`crate::audit`).
-    pub rechecks: Arc<crate::audit::Rechecks>,
+    pub rechecks: Arc<crate::rechecks::Rechecks>,
 }
 
 const BACKOFF_START: Duration = Duration::from_millis(100);

@@ -5,7 +5,8 @@
 //! - [`apply`]: one event → PUT or DELETE, guarded by the recorded replica version.
 //! - [`journal`]: the change journal in S3 that tells lastresort what to forget.
 //! - [`reconcile`]: full comparison ScyllaDB ↔ S3 with repair (`replicator reconcile`).
-//! - [`audit`]: the same comparison all the time, in slices, and a read-back of each write.
+//! - [`audit`]: the same comparison all the time, in slices, and a read-back of each write
+//!   ([`rechecks`]: the writes waiting for it).
 //! - [`metrics`]: Prometheus metrics, one registry.
 
 pub mod apply;
@@ -13,6 +14,7 @@ pub mod audit;
 pub mod consumer;
 pub mod journal;
 pub mod metrics;
+pub mod rechecks;
 pub mod reconcile;
 pub use zlink_clients::s3;
 
@@ -44,7 +46,7 @@ impl App {
         let db = Arc::new(db);
         let metrics = Arc::new(metrics::Metrics::new());
         let s3 = Arc::new(s3::S3Store::new(s3));
-        let rechecks = Arc::new(audit::Rechecks::new(audit, metrics.clone()));
+        let rechecks = Arc::new(rechecks::Rechecks::new(audit.recheck_secs, metrics.clone()));
         let applier = Arc::new(Applier {
             s3: s3.clone(),
             replicas: zlink_store::replicas::Replicas::prepare(db.clone()).await?,

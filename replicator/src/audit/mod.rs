@@ -24,9 +24,9 @@
 //!   or S3 loses writes).
 
 use crate::metrics::Metrics;
+use crate::rechecks::Rechecks;
 use crate::reconcile::{label, token_range, Checker, Drift, ReconcileError, Repair};
-use crate::s3::S3Store;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -81,9 +81,6 @@ const LEASE_TTL_S: i32 = 30;
 const LEASE_EVERY: Duration = Duration::from_secs(10);
 /// How often outstanding repairs are tried again.
 const RETRY_EVERY: Duration = Duration::from_secs(5);
-/// Keys waiting for their read-back; beyond this the oldest are dropped (and counted): the
-/// sweep still reaches them.
-const RECHECK_CAP: usize = 100_000;
 /// Outstanding repairs held; beyond this new drift is counted but left to the next pass.
 const OUTSTANDING_CAP: usize = 10_000;
 /// Read-backs per second at most (a replicator applies far fewer writes a second).
@@ -91,48 +88,6 @@ const READ_BACKS_PER_TICK: usize = 4096;
 /// A difference on a link the replicator has not applied yet, changed less than this ago, is
 /// a change on its way (replication's budget is 5 s; its lag alerts fire within minutes).
 const IN_FLIGHT_GRACE_MS: i64 = 120_000;
-
-/// Keys written by the applier, each due for its read-back at a time.
-pub struct Rechecks {
-    delay_ms: i64,
-    queue: Mutex<VecDeque<(i64, String, i64)>>,
-    metrics: Arc<Metrics>,
-}
-
-impl Rechecks {
-    pub fn new(args: &AuditArgs, metrics: Arc<Metrics>) -> Self {
-        Rechecks {
-            delay_ms: (args.recheck_secs as i64).saturating_mul(1000),
-            queue: Mutex::new(VecDeque::new()),
-            metrics,
-        }
-    }
-
-    /// `version` of `key` was written to S3 at `now_ms`: read it back later.
-    pub fn push(&self, key: &str, version: i64, now_ms: i64) {
-        if self.delay_ms <= 0 {
-            return;
-        }
-        let mut q = self.queue.lock().expect("recheck queue");
-        if q.len() >= RECHECK_CAP {
-            q.pop_front();
-            self.metrics.audit_recheck_dropped.inc();
-        }
-        q.push_back((now_ms + self.delay_ms, key.to_string(), version));
-        self.metrics.audit_recheck_queue.set(q.len() as i64);
-    }
-
-    /// The (key, version written) due at `now_ms`, at most `max`.
-    fn due(&self, now_ms: i64, max: usize) -> Vec<(String, i64)> {
-        let mut q = self.queue.lock().expect("recheck queue");
-        let mut out = Vec::new();
-        while out.len() < max && q.front().is_some_and(|(due, _, _)| *due <= now_ms) {
-            out.extend(q.pop_front().map(|(_, k, v)| (k, v)));
-        }
-        self.metrics.audit_recheck_queue.set(q.len() as i64);
-        out
-    }
-}
 
 /// What an outstanding repair is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -207,10 +162,6 @@ impl Audit {
             outstanding: Mutex::new(HashMap::new()),
             lease: tokio::sync::Mutex::new((false, None)),
         }
-    }
-
-    pub fn s3(&self) -> &Arc<S3Store> {
-        &self.checker.s3
     }
 
     /// Read-backs, retries and (while this replicator holds the lease) the sweep, until
@@ -556,56 +507,4 @@ fn slice_of(token: i64, slices: u32) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slices_cover_the_ring_and_a_cursor_finds_its_slice() {
-        for n in [1, 2, 7, 64, 1024] {
-            assert_eq!(token_range(0, n).0, i64::MIN);
-            assert_eq!(token_range(n - 1, n).1, i64::MAX);
-            for i in 0..n.min(50) {
-                let (from, to) = token_range(i, n);
-                assert!(from <= to);
-                assert_eq!(slice_of(from, n), i);
-                assert_eq!(slice_of(to, n), i);
-                if i + 1 < n {
-                    assert_eq!(to + 1, token_range(i + 1, n).0, "no gap, no overlap");
-                }
-            }
-        }
-        // A cursor written with another slice count still lands in a slice.
-        assert_eq!(slice_of(token_range(3, 8).0, 4), 1);
-        assert_eq!(slice_of(i64::MAX, 3), 2);
-    }
-
-    #[test]
-    fn read_backs_come_due_in_order_and_the_queue_is_bounded() {
-        let metrics = Arc::new(Metrics::new());
-        let args = AuditArgs {
-            recheck_secs: 2,
-            ..AuditArgs::default()
-        };
-        let r = Rechecks::new(&args, metrics.clone());
-        r.push("a", 1, 1000);
-        r.push("b", 2, 1500);
-        assert!(r.due(2999, 10).is_empty());
-        assert_eq!(r.due(3000, 10), [("a".to_string(), 1)]);
-        assert_eq!(r.due(9000, 10), [("b".to_string(), 2)]);
-        for i in 0..RECHECK_CAP + 5 {
-            r.push(&format!("k{i}"), 1, 0);
-        }
-        assert_eq!(metrics.audit_recheck_dropped.get(), 5);
-        let keys: Vec<_> = r.due(i64::MAX, 3).into_iter().map(|(k, _)| k).collect();
-        assert_eq!(keys, ["k5", "k6", "k7"]);
-        let off = Rechecks::new(
-            &AuditArgs {
-                recheck_secs: 0,
-                ..AuditArgs::default()
-            },
-            metrics,
-        );
-        off.push("a", 1, 0);
-        assert!(off.due(i64::MAX, 10).is_empty());
-    }
-}
+mod tests;
