@@ -150,3 +150,42 @@ async fn an_object_s3_lost_after_acknowledging_it_is_read_back_and_rewritten() {
     r.stop().await;
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicators_sweep_one_at_a_time_and_the_other_takes_over() {
+    let Setup { infra, ks, n: _ } = setup().await;
+    let audit = || AuditArgs {
+        period_secs: 6,
+        slices: 3,
+        recheck_secs: 0,
+        concurrency: 4,
+    };
+    // As deployed in k8s (the StatefulSet runs two): one lease, one sweeper.
+    let a = spawn_replicator_audited(&infra, &ks, &infra.kafka, |_| {}, audit()).await;
+    let b = spawn_replicator_audited(&infra, &ks, &infra.kafka, |_| {}, audit()).await;
+    let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
+    let one = eventually(Duration::from_secs(15), || async {
+        ma.audit_leader.get() + mb.audit_leader.get() == 1
+            && ma.audit_slices.get() + mb.audit_slices.get() >= 2
+    })
+    .await;
+    assert!(one, "exactly one replicator must hold the audit lease");
+    let (leader, other, mo) = if ma.audit_leader.get() == 1 {
+        (a, b, mb)
+    } else {
+        (b, a, ma)
+    };
+    assert_eq!(mo.audit_slices.get(), 0, "the other does not sweep");
+    // The sweeper goes away (without releasing: as a crash would): the lease lapses (30 s)
+    // and the other takes it, going on from the shared cursor.
+    leader.stop().await;
+    let took_over = eventually(Duration::from_secs(50), || async {
+        mo.audit_leader.get() == 1 && mo.audit_slices.get() >= 1
+    })
+    .await;
+    assert!(
+        took_over,
+        "the other replicator did not take the sweep over"
+    );
+    other.stop().await;
+}
