@@ -36,17 +36,23 @@ use zlink_store::coord::{Cursors, Leases};
 use zlink_store::links::ScanPage;
 use zlink_store::Link;
 
+/// The defaults of [`AuditArgs`], for the command line and [`Default`] alike.
+const DEFAULT_PERIOD_SECS: u64 = 86_400;
+const DEFAULT_SLICES: u32 = 1024;
+const DEFAULT_RECHECK_SECS: u64 = 120;
+const DEFAULT_CONCURRENCY: u16 = 8;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct AuditArgs {
     /// One pass over every link and every object takes this long, in seconds (0: no sweep).
     #[arg(
         long = "audit-period-secs",
         env = "ZLINK_AUDIT_PERIOD_SECS",
-        default_value_t = 86_400
+        default_value_t = DEFAULT_PERIOD_SECS
     )]
     pub period_secs: u64,
     /// Token ranges a pass is cut into; one is checked every period / slices.
-    #[arg(long = "audit-slices", env = "ZLINK_AUDIT_SLICES", default_value_t = 1024,
+    #[arg(long = "audit-slices", env = "ZLINK_AUDIT_SLICES", default_value_t = DEFAULT_SLICES,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub slices: u32,
     /// Every object this replicator writes is read back this long after, in seconds (0: no
@@ -54,11 +60,11 @@ pub struct AuditArgs {
     #[arg(
         long = "audit-recheck-secs",
         env = "ZLINK_AUDIT_RECHECK_SECS",
-        default_value_t = 120
+        default_value_t = DEFAULT_RECHECK_SECS
     )]
     pub recheck_secs: u64,
     /// Object checks in flight at once.
-    #[arg(long = "audit-concurrency", env = "ZLINK_AUDIT_CONCURRENCY", default_value_t = 8,
+    #[arg(long = "audit-concurrency", env = "ZLINK_AUDIT_CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     pub concurrency: u16,
 }
@@ -66,10 +72,10 @@ pub struct AuditArgs {
 impl Default for AuditArgs {
     fn default() -> Self {
         AuditArgs {
-            period_secs: 86_400,
-            slices: 1024,
-            recheck_secs: 120,
-            concurrency: 8,
+            period_secs: DEFAULT_PERIOD_SECS,
+            slices: DEFAULT_SLICES,
+            recheck_secs: DEFAULT_RECHECK_SECS,
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
