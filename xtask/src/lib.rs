@@ -14,6 +14,7 @@
 
 pub mod alerts;
 pub mod bench;
+pub mod benchcores;
 pub mod benchrun;
 pub mod docker;
 pub mod layers;

@@ -4,7 +4,9 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use zlink_xtask::{alerts, bench, benchrun, docker, layers, manifests, nginx, topology};
+use zlink_xtask::{
+    alerts, bench, benchcores, benchrun, docker, layers, manifests, nginx, topology,
+};
 
 #[derive(Parser)]
 #[command(name = "zlink-xtask", about = "zlink tooling")]
@@ -144,6 +146,24 @@ enum Cmd {
         #[arg(long, default_value = "")]
         commit: String,
     },
+    /// deploy/local/bench-cores' table from its RESULT lines (stdout and --table), and its
+    /// dated row added to the "Pinned cores" table of --append.
+    BenchCoresReport {
+        #[arg(long)]
+        results: PathBuf,
+        #[arg(long)]
+        date: String,
+        #[arg(long)]
+        commit: String,
+        #[arg(long)]
+        server_cpus: String,
+        #[arg(long)]
+        load_cpus: String,
+        #[arg(long)]
+        table: PathBuf,
+        #[arg(long)]
+        append: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -263,12 +283,42 @@ fn main() -> Result<()> {
             std::fs::write(&json, serde_json::to_string_pretty(&r.json)? + "\n")?;
             println!("json: {}", json.display());
             if let Some(md) = markdown {
-                let mut text = std::fs::read_to_string(&md)
+                let text = std::fs::read_to_string(&md)
                     .unwrap_or_else(|_| benchrun::MD_HEADER.to_string());
-                text.push_str(&r.row);
-                text.push('\n');
-                std::fs::write(&md, text)?;
+                let header = benchrun::MD_HEADER
+                    .lines()
+                    .find(|l| l.starts_with("| date"))
+                    .unwrap_or_default();
+                std::fs::write(&md, benchcores::insert_row(&text, "", header, &r.row))?;
                 println!("row appended to {}", md.display());
+            }
+            Ok(())
+        }
+        Cmd::BenchCoresReport {
+            results,
+            date,
+            commit,
+            server_cpus,
+            load_cpus,
+            table,
+            append,
+        } => {
+            let lines = std::fs::read_to_string(&results)?;
+            let cpus = format!("{server_cpus} / {load_cpus}");
+            let (t, row) = benchcores::report(&lines, &date, &commit, &cpus);
+            print!("{t}");
+            std::fs::write(&table, format!("{t}\n{}", lines))?;
+            println!("table: {}", table.display());
+            if let Some(md) = append {
+                let text = std::fs::read_to_string(&md)?;
+                let text = benchcores::insert_row(
+                    &text,
+                    benchcores::MD_SECTION,
+                    benchcores::MD_HEADER,
+                    &row,
+                );
+                std::fs::write(&md, text)?;
+                println!("row added to {}", md.display());
             }
             Ok(())
         }

@@ -1,0 +1,105 @@
+//! The benchmark's floor: a server that answers every request `302 Location:
+//! https://example.com/` and does nothing else, on the same tokio runtime the tiers build
+//! ([`zlink_clients::process::runtime`]). Two modes, so a tier's cost above the floor can be
+//! split into the accept loop's and the redirect's:
+//!
+//! - `bare`: hyper's HTTP/1.1 connection with its defaults, one task per connection, what a
+//!   person comparing servers would write;
+//! - `kit`: the tiers' own accept loop ([`zlink_redirect::serve::serve`]: header read
+//!   deadline, connection slots, peer address, drain) around the same fixed answer.
+//!
+//!   zlink-floor LISTEN [bare|kit] [WORKER_THREADS]
+//!
+//! `deploy/local/bench-cores` builds and runs it; it is no part of any deployment.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+fn answer() -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::FOUND;
+    resp.headers_mut().insert(
+        header::LOCATION,
+        HeaderValue::from_static("https://example.com/"),
+    );
+    resp
+}
+
+async fn bare(listener: TcpListener) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(|_req| async { Ok::<_, Infallible>(answer()) });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+async fn kit(listener: TcpListener) {
+    let registry = prometheus::Registry::new();
+    let conns = zlink_redirect::serve::Connections {
+        max: 16_384,
+        drain: Duration::ZERO,
+        metrics: zlink_redirect::serve::ConnMetrics::register(&registry).expect("fresh registry"),
+    };
+    zlink_redirect::serve::serve(
+        listener,
+        CancellationToken::new(),
+        Duration::ZERO,
+        conns,
+        || hyper::service::service_fn(|_req| async { Ok::<_, Infallible>(answer()) }),
+    )
+    .await;
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: zlink-floor LISTEN [bare|kit] [WORKER_THREADS]";
+    let Some(listen) = args.first() else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let mode = args.get(1).map_or("bare", String::as_str);
+    let workers = match args.get(2).map(|w| w.parse::<usize>()) {
+        None => 0,
+        Some(Ok(w)) => w,
+        Some(Err(_)) => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    if !matches!(mode, "bare" | "kit") {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let rt = zlink_clients::process::runtime(workers).expect("tokio runtime");
+    rt.block_on(async {
+        let listener = match TcpListener::bind(listen.as_str()).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("zlink-floor: cannot listen on {listen}: {e}");
+                std::process::exit(1);
+            }
+        };
+        eprintln!("zlink-floor: {mode} on {listen}, {workers} worker threads (0: one per CPU)");
+        match mode {
+            "bare" => bare(listener).await,
+            _ => kit(listener).await,
+        }
+    });
+}
