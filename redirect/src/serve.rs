@@ -1,10 +1,16 @@
 //! The accept loop both tiers serve HTTP/1.1 with: keep-alive, a header read deadline, no
 //! Nagle delay, accept errors (EMFILE and friends) backed off instead of spun on, at most
-//! `max` connections open at once (the next waits in the listen backlog until one closes: a
-//! process's memory for connections and their requests is bounded by its configuration, not
-//! by how hard it is pushed), and on shutdown: refuse new connections at once, serve the open
-//! ones for up to `drain` more with every answer asking the client to close the connection,
-//! then let in-flight requests finish for at most `grace`.
+//! `max` connections served at once (a process's memory for connections and their requests is
+//! bounded by its configuration, not by how hard it is pushed), and on shutdown: refuse new
+//! connections at once, serve the open ones for up to `drain` more with every answer asking the
+//! client to close the connection, then let in-flight requests finish for at most `grace`.
+//!
+//! Past `max`, a new connection is still accepted and answered at once: `503` with
+//! `Retry-After: 1` and the JSON error body, `Connection: close` ([`answer_busy`]: a few hundred
+//! bytes and one small task, no hyper connection, no request parsed), so a client learns in
+//! microseconds what it used to learn from its own timeout after waiting in the listen backlog,
+//! and the nginx in front moves the request to the next rung at once. At most `max / 4` (at
+//! least 64) such answers are in progress; past that a new connection is closed unanswered.
 //!
 //! Why the drain: closing an idle keep-alive connection races with the client sending its next
 //! request on it, and a proxy cannot retry a POST that met a reset (it may have been applied).
@@ -50,8 +56,10 @@ impl Peer {
 pub struct ConnMetrics {
     /// Connections open now.
     pub open: IntGauge,
-    /// Times every connection slot was taken when the loop went to accept the next one.
-    pub limit_waits: IntCounter,
+    /// Connections answered 503 at once because every connection slot was taken.
+    pub limit_busy: IntCounter,
+    /// Connections closed unanswered because every slot and every busy answer was taken.
+    pub limit_dropped: IntCounter,
 }
 
 impl ConnMetrics {
@@ -59,13 +67,18 @@ impl ConnMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = ConnMetrics {
             open: IntGauge::new("http_connections_open", "HTTP connections open now")?,
-            limit_waits: IntCounter::new(
-                "http_connection_limit_waits_total",
-                "Times every connection slot (--max-connections) was taken, so that new connections waited in the listen backlog",
+            limit_busy: IntCounter::new(
+                "http_connection_limit_busy_total",
+                "Connections answered 503 (Retry-After: 1) at once because every connection slot (--max-connections) was taken",
+            )?,
+            limit_dropped: IntCounter::new(
+                "http_connection_limit_dropped_total",
+                "Connections closed unanswered because every connection slot and every busy answer (a quarter of --max-connections) was taken",
             )?,
         };
         registry.register(Box::new(m.open.clone()))?;
-        registry.register(Box::new(m.limit_waits.clone()))?;
+        registry.register(Box::new(m.limit_busy.clone()))?;
+        registry.register(Box::new(m.limit_dropped.clone()))?;
         Ok(m)
     }
 }
@@ -102,21 +115,8 @@ pub async fn serve<S, F>(
     let graceful = GracefulShutdown::new();
     let draining = Arc::new(AtomicBool::new(false));
     let slots = Arc::new(Semaphore::new(conns.max.max(1)));
+    let busy_slots = Arc::new(Semaphore::new((conns.max / 4).max(64)));
     loop {
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                conns.metrics.limit_waits.inc();
-                tracing::debug!(
-                    max = conns.max,
-                    "every connection slot taken; the next connection waits"
-                );
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
-                }
-            }
-        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -127,6 +127,19 @@ pub async fn serve<S, F>(
                     continue;
                 }
             },
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            match busy_slots.clone().try_acquire_owned() {
+                Ok(busy) => {
+                    conns.metrics.limit_busy.inc();
+                    tokio::spawn(async move {
+                        answer_busy(stream).await;
+                        drop(busy);
+                    });
+                }
+                Err(_) => conns.metrics.limit_dropped.inc(),
+            }
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let conn = graceful.watch(http.serve_connection(
@@ -162,6 +175,71 @@ pub async fn serve<S, F>(
         _ = graceful.shutdown() => tracing::info!("all connections closed"),
         _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
     }
+}
+
+/// How long a busy answer waits for the client's request, and then for the client to close.
+const BUSY_WAIT: Duration = Duration::from_millis(500);
+
+/// The bytes of the answer past the connection limit: the tiers' JSON error (code
+/// `overloaded`), `Retry-After: 1`, `Connection: close`.
+fn busy_bytes() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| {
+        let resp = crate::error::render(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "too many connections, retry later",
+        );
+        let (parts, body) = resp.into_parts();
+        let body = full_bytes(body);
+        let mut out = b"HTTP/1.1 503 Service Unavailable\r\n".to_vec();
+        for (name, value) in &parts.headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(
+            format!(
+                "retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        out.extend_from_slice(&body);
+        out
+    })
+}
+
+/// The bytes of a `Full` body (ready at its first poll, by construction).
+fn full_bytes(mut body: http_body_util::Full<bytes::Bytes>) -> bytes::Bytes {
+    use hyper::body::Body;
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match Pin::new(&mut body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => bytes::Bytes::new(),
+    }
+}
+
+/// Answers a connection past the limit: reads what the client sent (its request, so closing
+/// does not reset the connection over unread bytes and lose the answer), writes the 503,
+/// shuts the write side, and waits for the client to close (each step at most [`BUSY_WAIT`]).
+async fn answer_busy(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.set_nodelay(true);
+    let mut buf = [0u8; 2048];
+    let _ = tokio::time::timeout(BUSY_WAIT, stream.read(&mut buf)).await;
+    if tokio::time::timeout(BUSY_WAIT, stream.write_all(busy_bytes()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(BUSY_WAIT, async {
+        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// A connection's service: puts the [`Peer`] into each request, and while the process drains
@@ -282,45 +360,71 @@ mod tests {
         (addr, metrics, shutdown, server)
     }
 
+    /// Reads until the peer closes (at most 5 s).
+    async fn read_to_close(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+            .await
+            .expect("closed in time")
+            .expect("no reset: the answer was not lost");
+        String::from_utf8(got).unwrap()
+    }
+
     #[tokio::test]
-    async fn a_connection_past_the_limit_waits_until_one_closes() {
+    async fn a_connection_past_the_limit_is_answered_503_at_once_and_closed() {
         let (addr, metrics, shutdown, server) = ok_server(1, Duration::ZERO).await;
 
         let mut first = TcpStream::connect(addr).await.unwrap();
         assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
         assert_eq!(metrics.open.get(), 1);
 
-        // The kernel completes the second connection (listen backlog), but nobody reads it
-        // while the first holds the only slot.
+        // The only slot is taken: the next connection gets the busy answer, not a wait.
         let mut second = TcpStream::connect(addr).await.unwrap();
         second
             .write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
             .unwrap();
-        let mut buf = [0u8; 64];
-        let early = tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf)).await;
-        assert!(early.is_err(), "answered past the limit: {early:?}");
-        assert!(metrics.limit_waits.get() >= 1);
-        // The first is still served meanwhile (keep-alive on its slot).
+        let a = read_to_close(&mut second).await;
+        assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
+        let lower = a.to_ascii_lowercase();
+        assert!(lower.contains("\r\nretry-after: 1\r\n"), "{a}");
+        assert!(lower.contains("\r\nconnection: close\r\n"), "{a}");
+        assert!(lower.contains("\r\ncontent-type: application/json"), "{a}");
+        let body = a.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "overloaded");
+        let len: usize = lower
+            .split("content-length: ")
+            .nth(1)
+            .and_then(|r| r.split("\r\n").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert_eq!(len, body.len());
+        assert_eq!(metrics.limit_busy.get(), 1);
+
+        // A client that connects and says nothing is answered too (after the read wait).
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        assert!(read_to_close(&mut silent).await.starts_with("HTTP/1.1 503"));
+        assert_eq!(metrics.limit_busy.get(), 2);
+
+        // The first is still served meanwhile (keep-alive on its slot), and once it closes
+        // the slot serves the next connection.
         assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
-
         drop(first);
-        let late = tokio::time::timeout(Duration::from_secs(10), answer(&mut second))
-            .await
-            .expect("the waiting connection is served once the first closes");
-        assert!(late.starts_with("HTTP/1.1 200"));
-        assert_eq!(metrics.open.get(), 1);
-
-        shutdown.cancel();
-        drop(second);
-        server.await.unwrap();
-        for _ in 0..500 {
+        let mut served = false;
+        for _ in 0..200 {
             if metrics.open.get() == 0 {
+                let mut third = TcpStream::connect(addr).await.unwrap();
+                served = ask(&mut third).await.starts_with("HTTP/1.1 200");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(metrics.open.get(), 0);
+        assert!(served, "a freed slot serves the next connection");
+        assert_eq!(metrics.limit_dropped.get(), 0);
+
+        shutdown.cancel();
+        server.await.unwrap();
     }
 
     #[tokio::test]
