@@ -65,6 +65,10 @@ impl RedirectTier for AppState {
         }
     }
 
+    async fn cached(&self, key: &str) -> Option<Lookup> {
+        self.cache.cached(key).await
+    }
+
     async fn lookup(&self, key: &str) -> Result<(Lookup, &'static str), Reject> {
         self.cache
             .resolve(key)

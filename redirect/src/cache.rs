@@ -152,6 +152,14 @@ impl<V: Answer> LocalCache<V> {
     /// A hit is a plain read; the miss path (entry coalescing and the tier's loader, whose
     /// future holds client calls and is kilobytes) runs boxed, so a hit neither builds nor
     /// moves it.
+    /// The key's answer if this cache holds it (counted as answered by the local layer); no
+    /// loader is built, nothing is loaded.
+    pub async fn cached(&self, slug: &str) -> Option<V> {
+        let v = self.cache.get(slug).await?;
+        self.metrics.answered(layer::LOCAL);
+        Some(v)
+    }
+
     pub async fn get_or_load<E, F>(
         &self,
         slug: &str,

@@ -4,7 +4,9 @@
 //!    without touching a cache; the slug and the host's domain give the link key
 //!    ([`zlink_wire::domain`]: the slug itself on the default domain, `<domain>/<slug>` on a
 //!    branded one), which every later phase uses;
-//! 2. **screen**: the tier may refuse early (primary: an auto-shaped slug never issued);
+//! 2. **screen**: the tier may refuse early (primary: an auto-shaped slug never issued); a key
+//!    the tier's local cache holds skips it (it passed the screen when it was loaded), which
+//!    keeps the hot path to one in-memory lookup;
 //! 3. **look up** through the tier's cache layers to its source of truth;
 //! 4. **decide** ([`crate::decide`]): redirect, 404, 410 or 500;
 //! 5. **respond**: status, `Location`, `Cache-Control`, `x-zlink-tier`, or the JSON error;
@@ -51,6 +53,11 @@ pub trait RedirectTier: Send + Sync + 'static {
     fn screen(&self, _slug: &str) -> impl Future<Output = Result<(), Reject>> + Send {
         async { Ok(()) }
     }
+    /// Before phase 2: the answer for `key` if the tier's in-process cache holds it (then
+    /// neither the screen nor the lookup runs; the answer's layer is [`crate::layer::LOCAL`]).
+    fn cached(&self, _key: &str) -> impl Future<Output = Option<Self::Answer>> + Send {
+        async { None }
+    }
     /// Phase 3: the answer for the link `key` and the layer that gave it ([`crate::layer`]).
     /// An error is a dependency failure the tier has already logged and counted.
     fn lookup(
@@ -91,12 +98,17 @@ async fn phases<T: RedirectTier, B: Sync>(
     if !slug::is_valid_slug(slug) {
         return Reject::NotFound.into_response();
     }
-    if let Err(r) = tier.screen(slug).await {
-        return r.into_response();
-    }
-    let (answer, layer) = match tier.lookup(key).await {
-        Ok(found) => found,
-        Err(r) => return r.into_response(),
+    let (answer, layer) = match tier.cached(key).await {
+        Some(answer) => (answer, crate::layer::LOCAL),
+        None => {
+            if let Err(r) = tier.screen(slug).await {
+                return r.into_response();
+            }
+            match tier.lookup(key).await {
+                Ok(found) => found,
+                Err(r) => return r.into_response(),
+            }
+        }
     };
     let now = tier.now_ms();
     let decision = decide(answer.view(), now);

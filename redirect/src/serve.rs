@@ -9,8 +9,9 @@
 //! `Retry-After: 1` and the JSON error body, `Connection: close` ([`answer_busy`]: a few hundred
 //! bytes and one small task, no hyper connection, no request parsed), so a client learns in
 //! microseconds what it used to learn from its own timeout after waiting in the listen backlog,
-//! and the nginx in front moves the request to the next rung at once. At most `max / 4` (at
-//! least 64) such answers are in progress; past that a new connection is closed unanswered.
+//! and the nginx in front moves the request to the next rung at once. At most `max` (at least
+//! 64) such answers are in progress (each a socket and 4 KiB for at most half a second); past
+//! that a new connection is closed unanswered.
 //!
 //! Why the drain: closing an idle keep-alive connection races with the client sending its next
 //! request on it, and a proxy cannot retry a POST that met a reset (it may have been applied).
@@ -73,7 +74,7 @@ impl ConnMetrics {
             )?,
             limit_dropped: IntCounter::new(
                 "http_connection_limit_dropped_total",
-                "Connections closed unanswered because every connection slot and every busy answer (a quarter of --max-connections) was taken",
+                "Connections closed unanswered because every connection slot and every busy answer (as many as --max-connections) was taken",
             )?,
         };
         registry.register(Box::new(m.open.clone()))?;
@@ -115,7 +116,7 @@ pub async fn serve<S, F>(
     let graceful = GracefulShutdown::new();
     let draining = Arc::new(AtomicBool::new(false));
     let slots = Arc::new(Semaphore::new(conns.max.max(1)));
-    let busy_slots = Arc::new(Semaphore::new((conns.max / 4).max(64)));
+    let busy_slots = Arc::new(Semaphore::new(conns.max.max(64)));
     loop {
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -178,7 +179,7 @@ pub async fn serve<S, F>(
 }
 
 /// How long a busy answer waits for the client's request, and then for the client to close.
-const BUSY_WAIT: Duration = Duration::from_millis(500);
+const BUSY_WAIT: Duration = Duration::from_millis(250);
 
 /// The bytes of the answer past the connection limit: the tiers' JSON error (code
 /// `overloaded`), `Retry-After: 1`, `Connection: close`.
@@ -222,13 +223,14 @@ fn full_bytes(mut body: http_body_util::Full<bytes::Bytes>) -> bytes::Bytes {
 }
 
 /// Answers a connection past the limit: reads what the client sent (its request, so closing
-/// does not reset the connection over unread bytes and lose the answer), writes the 503,
-/// shuts the write side, and waits for the client to close (each step at most [`BUSY_WAIT`]).
+/// does not reset the connection over unread bytes and lose the answer), writes the 503 and
+/// closes. Only a request larger than the buffer (or more sent behind it) is read on until the
+/// client closes. Each wait is at most [`BUSY_WAIT`].
 async fn answer_busy(mut stream: tokio::net::TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = stream.set_nodelay(true);
-    let mut buf = [0u8; 2048];
-    let _ = tokio::time::timeout(BUSY_WAIT, stream.read(&mut buf)).await;
+    let mut buf = [0u8; 4096];
+    let first = tokio::time::timeout(BUSY_WAIT, stream.read(&mut buf)).await;
     if tokio::time::timeout(BUSY_WAIT, stream.write_all(busy_bytes()))
         .await
         .is_err()
@@ -236,10 +238,12 @@ async fn answer_busy(mut stream: tokio::net::TcpStream) {
         return;
     }
     let _ = stream.shutdown().await;
-    let _ = tokio::time::timeout(BUSY_WAIT, async {
-        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-    })
-    .await;
+    if matches!(first, Ok(Ok(n)) if n == buf.len()) {
+        let _ = tokio::time::timeout(BUSY_WAIT, async {
+            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
 }
 
 /// A connection's service: puts the [`Peer`] into each request, and while the process drains
