@@ -9,6 +9,8 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by status code.
     pub requests: IntCounterVec,
+    /// `requests` with a redirect's usual status and `via` resolved ([`zlink_redirect::hot`]).
+    pub requests_hot: zlink_redirect::hot::HotCounters,
     /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
     /// cache layers count them).
     pub cache: zlink_redirect::cache::CacheMetrics,
@@ -121,11 +123,23 @@ impl Metrics {
             breakers,
             connections,
             registry,
+            requests_hot: zlink_redirect::hot::HotCounters::new(
+                requests.clone(),
+                &[
+                    &["302", "direct"],
+                    &["302", "failover"],
+                    &["301", "direct"],
+                    &["301", "failover"],
+                    &["307", "direct"],
+                    &["308", "direct"],
+                    &["404", "direct"],
+                    &["404", "failover"],
+                    &["410", "direct"],
+                    &["410", "failover"],
+                ],
+            ),
             requests,
-            cache: zlink_redirect::cache::CacheMetrics {
-                lookups,
-                memcached_errors,
-            },
+            cache: zlink_redirect::cache::CacheMetrics::new(lookups, memcached_errors),
             s3_seconds,
             s3_errors,
             malformed,

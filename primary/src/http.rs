@@ -276,9 +276,8 @@ where
                 .map_or("unknown", |r| r.0);
             state
                 .metrics
-                .requests
-                .with_label_values(&[route, resp.status().as_str()])
-                .inc();
+                .requests_hot
+                .inc(&[route, resp.status().as_str()]);
             Ok(resp)
         })
     }

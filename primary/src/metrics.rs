@@ -7,6 +7,8 @@ pub struct Metrics {
     registry: Registry,
     /// Requests by route and status code.
     pub requests: IntCounterVec,
+    /// `requests` with the redirect route's usual statuses resolved ([`zlink_redirect::hot`]).
+    pub requests_hot: zlink_redirect::hot::HotCounters,
     /// Redirect handling time (lookup through response), seconds.
     pub redirect_seconds: Histogram,
     /// Lookups by the answering layer and memcached failures by kind (the redirect kit's
@@ -155,12 +157,20 @@ impl Metrics {
             breakers,
             connections,
             registry,
+            requests_hot: zlink_redirect::hot::HotCounters::new(
+                requests.clone(),
+                &[
+                    &["redirect", "302"],
+                    &["redirect", "301"],
+                    &["redirect", "307"],
+                    &["redirect", "308"],
+                    &["redirect", "404"],
+                    &["redirect", "410"],
+                ],
+            ),
             requests,
             redirect_seconds,
-            cache: zlink_redirect::cache::CacheMetrics {
-                lookups,
-                memcached_errors,
-            },
+            cache: zlink_redirect::cache::CacheMetrics::new(lookups, memcached_errors),
             store_reads,
             store_errors,
             events,

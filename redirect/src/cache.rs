@@ -8,6 +8,7 @@
 //! source per instance however many requests race for it.
 
 use crate::decide::Answer;
+use crate::hot::HotCounters;
 use crate::layer;
 use moka::future::Cache;
 use moka::Expiry;
@@ -27,11 +28,33 @@ pub struct CacheMetrics {
     /// memcached failures by kind (`kind`: timeout, io, backoff, protocol, decode,
     /// invalid_value).
     pub memcached_errors: IntCounterVec,
+    /// `lookups` with every layer's series resolved (one atomic add per lookup).
+    hot: HotCounters,
 }
 
 impl CacheMetrics {
+    /// Around the tier's (registered) vectors.
+    pub fn new(lookups: IntCounterVec, memcached_errors: IntCounterVec) -> Self {
+        let hot = HotCounters::new(
+            lookups.clone(),
+            &[
+                &[layer::LOCAL],
+                &[layer::MEMCACHED],
+                &[layer::STORE],
+                &[layer::S3],
+                &[layer::STALE],
+                &[layer::NEVER_ISSUED],
+            ],
+        );
+        CacheMetrics {
+            lookups,
+            memcached_errors,
+            hot,
+        }
+    }
+
     pub fn answered(&self, layer: &'static str) {
-        self.lookups.with_label_values(&[layer]).inc();
+        self.hot.inc(&[layer]);
     }
 
     pub fn memcached_failed(&self, e: &McError) {

@@ -5,6 +5,7 @@
 //!
 //! Layers, top to bottom:
 //! - [`serve`]: the accept loop with graceful shutdown; the peer address of every request.
+//! - [`hot`]: counters whose busiest label values are resolved once (no lock per request).
 //! - [`pipeline`]: `GET|HEAD /{slug}` as named phases: parse the slug → screen → look up
 //!   through the cache layers → decide → respond → emit the click.
 //! - [`cache`]: the in-process cache with coalesced loads and the memcached layer (untrusted
@@ -18,6 +19,7 @@
 pub mod cache;
 pub mod decide;
 pub mod error;
+pub mod hot;
 pub mod pipeline;
 pub mod serve;
 

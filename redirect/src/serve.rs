@@ -114,7 +114,10 @@ pub async fn serve<S, F>(
         .max_buf_size(64 * 1024)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
-    let draining = Arc::new(AtomicBool::new(false));
+    // One flag per listener for the life of the process (a few bytes; a process serves one or
+    // two listeners): every request's answer reads it, and a shared `Arc` would bounce its
+    // reference count between the cores on every request.
+    let draining: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let slots = Arc::new(Semaphore::new(conns.max.max(1)));
     let busy_slots = Arc::new(Semaphore::new(conns.max.max(64)));
     loop {
@@ -145,7 +148,7 @@ pub async fn serve<S, F>(
         let _ = stream.set_nodelay(true);
         let conn = graceful.watch(http.serve_connection(
             TokioIo::new(stream),
-            WithPeer(service(), Peer(peer), draining.clone()),
+            WithPeer(service(), Peer(peer), draining),
         ));
         let open = conns.metrics.open.clone();
         open.inc();
@@ -248,7 +251,7 @@ async fn answer_busy(mut stream: tokio::net::TcpStream) {
 
 /// A connection's service: puts the [`Peer`] into each request, and while the process drains
 /// asks the client to close the connection after each answer.
-struct WithPeer<S>(S, Peer, Arc<AtomicBool>);
+struct WithPeer<S>(S, Peer, &'static AtomicBool);
 
 impl<S> hyper::service::Service<Request<Incoming>> for WithPeer<S>
 where
@@ -262,7 +265,7 @@ where
         req.extensions_mut().insert(self.1);
         Closing {
             inner: self.0.call(req),
-            draining: self.2.clone(),
+            draining: self.2,
         }
     }
 }
@@ -273,7 +276,7 @@ pin_project_lite::pin_project! {
     struct Closing<F> {
         #[pin]
         inner: F,
-        draining: Arc<AtomicBool>,
+        draining: &'static AtomicBool,
     }
 }
 
