@@ -41,7 +41,7 @@ pub const ROWS: [(&str, &str, &str); 9] = [
 ];
 
 /// The heading and table header of the section in docs/benchmarks.md.
-pub const MD_SECTION: &str = "## Pinned cores (`deploy/local/bench-cores`)\n\nServers under test pinned to their own core(s), wrk (1 thread, 16 connections, 300 hot links) and the rest of the topology on the other(s); medians of the run's rounds. Ratios are req/s over the bare hyper floor (`zlink-floor bare`) of the same run; the proxy rows over the same nginx config proxying to that floor. CPU is the server processes' own µs per request.\n\n";
+pub const MD_SECTION: &str = "## Pinned cores (`deploy/local/bench-cores`)\n\nServers under test pinned to their own core(s), wrk (1 thread, 16 connections, 300 hot links) and the rest of the topology on the other(s); medians of the run's rounds. Ratios are req/s over the bare hyper floor (`zlink-floor bare`) of the same run; the proxy rows over the same nginx config proxying to that floor. CPU is the server processes' own µs per request. On 2 cores the floor rows end with wrk's core ~99% busy (the floor's req/s is the load generator's ceiling): the CPU per request is the comparison to read (the run's table has it as CPU/fl).\n\n";
 pub const MD_HEADER: &str = "| date (UTC) | commit | server / load CPUs | nginx 302 req/s | floor req/s | floor CPU µs | nginx 302 / floor | kit / floor | primary / floor | primary CPU µs | lastresort / floor | lastresort CPU µs | frontend / proxy-floor | lr-host / lr-proxy-floor |";
 
 /// Median of the values (None when empty).
