@@ -10,7 +10,8 @@
 //! bytes and one small task, no hyper connection, no request parsed), so a client learns in
 //! microseconds what it used to learn from its own timeout after waiting in the listen backlog,
 //! and the nginx in front moves the request to the next rung at once. At most `max` (at least
-//! 64) such answers are in progress (each a socket and 4 KiB for at most half a second); past
+//! 64) such answers are in progress (each a socket and 4 KiB, for microseconds when the client
+//! sends its request at once, at most three times [`BUSY_WAIT`] when it does not); past
 //! that a new connection is closed unanswered.
 //!
 //! Why the drain: closing an idle keep-alive connection races with the client sending its next
