@@ -8,7 +8,9 @@
 //! - `kit`: the tiers' own accept loop ([`zlink_redirect::serve::serve`]: header read
 //!   deadline, connection slots, peer address, drain) around the same fixed answer.
 //!
-//!   zlink-floor LISTEN [bare|kit] [WORKER_THREADS]
+//! ```text
+//! zlink-floor LISTEN [bare|kit] [WORKER_THREADS]
+//! ```
 //!
 //! `deploy/local/bench-cores` builds and runs it; it is no part of any deployment.
 
