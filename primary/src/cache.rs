@@ -113,13 +113,13 @@ impl RedirectCache {
         }
     }
 
-    /// Resolves a (syntactically valid) slug, and the layer that answered. Errors only when
-    /// the store itself failed.
     /// The local cache's answer for `slug`, if it holds one (no loader, no dependency).
     pub async fn cached(&self, slug: &str) -> Option<Lookup> {
         self.local.cached(slug).await
     }
 
+    /// Resolves a (syntactically valid) slug, and the layer that answered. Errors only when
+    /// the store itself failed.
     pub async fn resolve(&self, slug: &str) -> Result<(Lookup, &'static str), StoreError> {
         let cell = LayerCell::default();
         self.local

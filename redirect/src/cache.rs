@@ -167,14 +167,6 @@ impl<V: Answer> LocalCache<V> {
         }
     }
 
-    /// The cached answer, else the answer of `load()` (shared with every concurrent caller
-    /// for the same slug), and the layer that answered: `load` records its layer in `cell`
-    /// (which the caller made for this call). A failed load is returned to everyone who
-    /// waited for it and is not cached.
-    ///
-    /// A hit is a plain read; the miss path (entry coalescing and the tier's loader, whose
-    /// future holds client calls and is kilobytes) runs boxed, so a hit neither builds nor
-    /// moves it.
     /// The key's answer if this cache holds it (counted as answered by the local layer); no
     /// loader is built, nothing is loaded.
     pub async fn cached(&self, slug: &str) -> Option<V> {
@@ -183,6 +175,14 @@ impl<V: Answer> LocalCache<V> {
         Some(v)
     }
 
+    /// The cached answer, else the answer of `load()` (shared with every concurrent caller
+    /// for the same slug), and the layer that answered: `load` records its layer in `cell`
+    /// (which the caller made for this call). A failed load is returned to everyone who
+    /// waited for it and is not cached.
+    ///
+    /// A hit is a plain read ([`LocalCache::cached`]); the miss path (entry coalescing and the
+    /// tier's loader, whose future holds client calls and is kilobytes) runs boxed, so a hit
+    /// neither builds nor moves it.
     pub async fn get_or_load<E, F>(
         &self,
         slug: &str,
@@ -193,8 +193,7 @@ impl<V: Answer> LocalCache<V> {
         E: Send + Sync + 'static,
         F: std::future::Future<Output = Result<V, E>>,
     {
-        if let Some(v) = self.cache.get(slug).await {
-            self.metrics.answered(layer::LOCAL);
+        if let Some(v) = self.cached(slug).await {
             return Ok((v, layer::LOCAL));
         }
         let entry = Box::pin(self.cache.entry_by_ref(slug).or_try_insert_with(load())).await?;
