@@ -4,14 +4,14 @@
 
 bench_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
 
-# The yardstick: an nginx that only answers `return 302` (2 workers, access log off, the same
-# keepalive as the tiers), started in WORK on the bench-nginx port; prints its URL.
+# The yardstick: an nginx that only answers `return 302` (WORKERS, default 2; access log off,
+# the same keepalive as the tiers), started in WORK on the bench-nginx port; prints its URL.
 bench_nginx_start() {
-  local work="$1" port nginx
+  local work="$1" workers="${2:-2}" port nginx
   port="$(zl_port bench-nginx)" nginx="$(bench_nginx_bin)"
   [[ -x "$nginx" ]] || zl_die "nginx missing: run deploy/local/install"
   cat >"$work/nginx.conf" <<CONF
-worker_processes 2;
+worker_processes $workers;
 pid $work/nginx.pid;
 error_log $work/error.log warn;
 events { worker_connections 1024; }
