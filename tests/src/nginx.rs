@@ -90,6 +90,11 @@ pub fn render_nginx(
     if !values.iter().any(|(k, _)| *k == "RATE_LIMIT_EXEMPT") {
         all.push(("RATE_LIMIT_EXEMPT".into(), "127.0.0.1".into()));
     }
+    // The connection guard's stream module: a dynamic module on Debian (as `up` loads it).
+    let stream = "/usr/lib/nginx/modules/ngx_stream_module.so";
+    if std::path::Path::new(stream).exists() {
+        all.push(("MODULES".into(), format!("load_module {stream};")));
+    }
     if !values.iter().any(|(k, _)| *k == "STATUS_LISTEN") {
         all.push(("STATUS_LISTEN".into(), format!("127.0.0.1:{}", free_port())));
     }

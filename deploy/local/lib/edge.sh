@@ -12,6 +12,12 @@ zl_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
 # The address benchmarks and drills send from: exempt from every per-address rate limit
 # (nginx and primaries). Anything else from 127.0.0.0/8 (e.g. 127.0.0.2) is limited.
 ZLINK_LOAD_GENERATOR="${ZLINK_LOAD_GENERATOR:-127.0.0.1}"
+# The connection guard (a stream server in both tiers) needs Debian's stream module, a dynamic
+# one there (libnginx-mod-stream, installed by deploy/local/install).
+zl_nginx_modules() {
+  local mod=/usr/lib/nginx/modules/ngx_stream_module.so
+  if [[ -f "$mod" ]]; then echo "load_module $mod;"; fi
+}
 # NAME=VALUE arguments for every ZLINK_NGINX_<TIER>_<NAME> variable set in the environment.
 zl_nginx_overrides() {
   local tier="$1" var
@@ -25,7 +31,7 @@ zl_render_nginx() {
   local name="$1" out="$ZLINK_RUN/nginx/$1.conf" servers="" backups="" i
   local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" overrides
   mkdir -p "$ZLINK_RUN/nginx" "$ZLINK_RUN/$name-tmp" "$ZLINK_RUN/logs"
-  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")")
+  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")" "MODULES=$(zl_nginx_modules)")
   case "$name" in
     nginx-frontend)
       mapfile -t overrides < <(zl_nginx_overrides FRONTEND)
