@@ -34,6 +34,9 @@ TOXIPROXY_CLI="$ZLINK_CACHE/toxiproxy-$TOXIPROXY_VERSION/bin/cli"
 # cargo-machete (pinned): the lint step fails on a dependency no crate uses.
 MACHETE_VERSION=0.9.2
 MACHETE="$ZLINK_CACHE/cargo-machete-$MACHETE_VERSION/bin/cargo-machete"
+# cargo-deny (pinned): the supply-chain check (deploy/local/audit-deps, deny.toml).
+DENY_VERSION=0.20.2
+DENY="$ZLINK_CACHE/cargo-deny-$DENY_VERSION/bin/cargo-deny"
 # The offline validators of the deployment manifests (deploy/k8s/check), pinned: PyPI's
 # kubernetes-validate (built-in kinds, strict) and check-jsonschema (the Compose file), and
 # prometheus-operator's schemas from npm (deploy/k8s/validate/package-lock.json).
