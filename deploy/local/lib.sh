@@ -70,7 +70,7 @@ zl_components() {
   echo memcached-lr
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do echo "lastresort-$i"; done
   echo nginx-lastresort nginx-frontend dns
-  echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort blackbox prometheus
+  echo alert-receiver alertmanager nginx-exporter-frontend nginx-exporter-lastresort blackbox node-exporter prometheus
 }
 
 # Ports: ZLINK_PORT_BASE + the offset deploy/local/topology.tsv gives each name.
@@ -148,7 +148,7 @@ zl_kind() {
     nginx-exporter-*) echo nginx_exporter ;; nginx-*) echo nginx ;;
     cassandra-*) echo cassandra_node ;; kafka-controller-*) echo kafka_controller ;;
     kafka-*) echo kafka_node ;;
-    alert-receiver) echo alert_receiver ;; gw-dc) echo gw_dc ;; gw-site) echo gw_site ;;
+    alert-receiver) echo alert_receiver ;; node-exporter) echo node_exporter ;; gw-dc) echo gw_dc ;; gw-site) echo gw_site ;;
     *) echo "$1" ;;
   esac
 }
@@ -201,7 +201,7 @@ zl_wait_ready() {
 # Graceful stop: SIGTERM to the process group, wait for exit, SIGKILL after the grace period.
 zl_stop() {
   local name="$1" grace="${2:-30}" pid
-  pid="$(zl_pid "$name")" || { rm -f "$(zl_pidfile "$name")"; return 0; }
+  pid="$(zl_pid "$name")" || { rm -f "$(zl_pidfile "$name")"; zl_spool_unmount "$name"; return 0; }
   kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
   local deadline=$((SECONDS + grace))
   while zl_alive "$pid"; do
@@ -212,6 +212,7 @@ zl_stop() {
     sleep 0.1
   done
   rm -f "$(zl_pidfile "$name")"
+  zl_spool_unmount "$name"
 }
 
 # SIGKILL, no grace: what a crash looks like. Waits until the process is gone.

@@ -29,6 +29,12 @@ pub enum Kind {
     /// withdrawn, as a changed bucket policy would; restored by the restore (a permission is
     /// a person's decision, not a repair). Only S3.
     Deny,
+    /// The click spools of the lastresort processes put on a small filesystem of their own and
+    /// filled (as root), each process restarted on it; restored by freeing the space and moving
+    /// the spool back. Only the lastresorts: their spools take clicks only while rung 2 serves,
+    /// so the drill's clicks stay exact (tests/lastresort.rs counts refused clicks on a full
+    /// disk exactly).
+    Full,
 }
 
 /// What a flapping component does while it is "down".
@@ -55,6 +61,7 @@ impl Kind {
             Kind::Delete => "delete",
             Kind::Corrupt => "corrupt",
             Kind::Deny => "deny",
+            Kind::Full => "full",
         }
     }
 
@@ -67,12 +74,13 @@ impl Kind {
                 Kind::Delete,
                 Kind::Corrupt,
                 Kind::Deny,
+                Kind::Full,
             ])
             .find(|k| k.name() == s)
             .with_context(|| {
                 format!(
                     "unknown fault kind {s:?} (kill, hang, slow, blackhole, flap, cut, restart, \
-                     delete, corrupt, deny)"
+                     delete, corrupt, deny, full)"
                 )
             })
     }
@@ -142,6 +150,8 @@ fn tier_alerts(kind: Kind, tier: &str) -> Vec<&'static str> {
         (Kind::Kill | Kind::Hang, "replicator") => vec!["ZlinkReplicatorDown"],
         // Rung 3 reads S3 anonymously: its canary probe gets the 404 page.
         (Kind::Deny, _) => vec!["ZlinkRung3CanaryFailing"],
+        // The spool's filesystem almost full (no click is refused: none arrives there).
+        (Kind::Full, _) => vec!["ZlinkSpoolDiskLow"],
         _ => vec![],
     }
 }
@@ -370,6 +380,9 @@ pub fn phases(
                 }
                 if *k == Kind::Deny && tier != "s3" {
                     bail!("deny:{tier}: deny applies to s3 only");
+                }
+                if *k == Kind::Full && tier != "lastresorts" {
+                    bail!("full:{tier}: full applies to lastresorts only");
                 }
                 if k.needs_proxy() && !proxied.iter().any(|p| p == tier) {
                     bail!(

@@ -585,3 +585,117 @@ async fn without_a_readable_journal_lastresort_stops_keeping_answers_for_long() 
     );
     lr.stop().await;
 }
+
+/// A full disk under the spool (issue 39; docs/runbook.md, "A disk is full"): the spool on a
+/// 1 MiB filesystem of its own, filled while lastresort runs. Redirects are all answered, each
+/// click that does not fit is refused and counted (`reason="io"`: spooled + refused is exactly
+/// the redirects), the spool's filesystem gauges say it is full, and when space returns the
+/// same process spools again. Needs root (a tmpfs is mounted); skipped, loudly, without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_full_disk_redirects_go_on_refused_clicks_are_counted_and_spooling_resumes() {
+    let infra = Infra::from_env();
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = format!("lr-full-{tag}/");
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    let b = Blob {
+        url: "https://example.com/full".into(),
+        code: 302,
+        version: 1,
+        expires_at_ms: None,
+    };
+    writer.put("full-a", &b).await.unwrap();
+
+    let spool = TempDir::new("lr-full-spool");
+    let dir = spool.path().display().to_string();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "zlink-test-full", &dir])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED: mounting a tmpfs needs root (the full-disk test did not run)");
+        return;
+    }
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", &self.0])
+                .status();
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    // Kafka unreachable: everything spooled stays in the spool (nothing frees space meanwhile).
+    let flags = [
+        "--kafka",
+        "127.0.0.1:1",
+        "--spool-dir",
+        &dir,
+        "--clicks-timeout-ms",
+        "1000",
+    ];
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &prefix, &flags).await;
+    let pid = lr.pid();
+    let metrics = lr.url("/metrics");
+    let refused = || {
+        metric_sum(
+            &metrics,
+            "zlink_lastresort_clicks_refused_total{reason=\"io\"}",
+        )
+    };
+    let spooled = || metric_sum(&metrics, "zlink_lastresort_clicks_spooled_total");
+    assert_eq!(
+        refused().await,
+        0.0,
+        "the io reason is there from the start, at 0"
+    );
+    let size = metric_sum(&metrics, "zlink_lastresort_spool_filesystem_size_bytes").await;
+    assert_eq!(
+        size,
+        1024.0 * 1024.0,
+        "the spool's filesystem is the 1 MiB one"
+    );
+
+    // Fill it but for nothing: the segment is written with write(2) (an 8 MiB segment could
+    // not be preallocated on 1 MiB), so the next click meets the full disk.
+    let filler = spool.path().join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", &format!("of={}", filler.display()), "bs=4k"])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let free = metric_sum(&metrics, "zlink_lastresort_spool_filesystem_free_bytes").await;
+    assert!(free < 8192.0, "the filesystem is full: {free} bytes free");
+    let (s0, r0) = (spooled().await, refused().await);
+    const N: usize = 300;
+    for _ in 0..N {
+        let r = get(&lr.url("/full-a")).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::FOUND,
+            "redirects go on with a full disk"
+        );
+    }
+    let (s1, r1) = (spooled().await, refused().await);
+    assert!(r1 - r0 > 0.0, "clicks were refused for lack of space");
+    assert_eq!(
+        (s1 - s0) + (r1 - r0),
+        N as f64,
+        "every click is spooled or counted as refused, exactly once"
+    );
+    let ready = get(&lr.url("/readyz")).await;
+    assert_eq!(
+        ready.status(),
+        StatusCode::OK,
+        "still ready: redirects are its job"
+    );
+
+    // Space returns: the same process spools again, no restart.
+    std::fs::remove_file(&filler).unwrap();
+    for _ in 0..N {
+        assert_eq!(get(&lr.url("/full-a")).await.status(), StatusCode::FOUND);
+    }
+    let (s2, r2) = (spooled().await, refused().await);
+    assert_eq!(r2, r1, "nothing refused once there is room");
+    assert_eq!(s2 - s1, N as f64, "every click spooled again");
+    assert_eq!(lr.pid(), pid, "no restart");
+    assert!(lr.terminate().await.success());
+}

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Why the spool refused a click: the `reason` label of `clicks_refused_total`.
+const REFUSED_REASONS: [&str; 4] = ["full", "closed", "size", "io"];
+
 /// Click metrics, registered into the service's registry (so under its prefix).
 #[derive(Clone)]
 pub struct ClickMetrics {
@@ -20,6 +23,9 @@ pub struct ClickMetrics {
     pub producer_resets: IntCounter,
     /// Age of the oldest click not yet acknowledged by Kafka (0 when none is pending).
     pub oldest_age: prometheus::Gauge,
+    /// The filesystem under the spool: bytes free to an unprivileged writer, and its size.
+    pub fs_free: IntGauge,
+    pub fs_size: IntGauge,
     /// Click time of the record at the head of the replayer's current batch; 0: none.
     head_at_ms: Arc<AtomicI64>,
     /// GeoIP database loads by outcome (ok, error).
@@ -70,6 +76,14 @@ impl ClickMetrics {
                 "spool_oldest_age_seconds",
                 "Age of the oldest spooled click not yet acknowledged by Kafka (0: none pending)",
             )?,
+            fs_free: IntGauge::new(
+                "spool_filesystem_free_bytes",
+                "Bytes free to an unprivileged writer on the spool directory's filesystem",
+            )?,
+            fs_size: IntGauge::new(
+                "spool_filesystem_size_bytes",
+                "Size of the spool directory's filesystem",
+            )?,
             head_at_ms: Arc::new(AtomicI64::new(0)),
             geoip_loads: IntCounterVec::new(
                 Opts::new(
@@ -91,6 +105,13 @@ impl ClickMetrics {
         registry.register(Box::new(m.replay_failures.clone()))?;
         registry.register(Box::new(m.producer_resets.clone()))?;
         registry.register(Box::new(m.oldest_age.clone()))?;
+        registry.register(Box::new(m.fs_free.clone()))?;
+        registry.register(Box::new(m.fs_size.clone()))?;
+        // Every reason from the start, at 0: the first refusal is then an increase an alert
+        // sees (a series born at 1 has none).
+        for reason in REFUSED_REASONS {
+            m.refused.with_label_values(&[reason]);
+        }
         Ok(m)
     }
 
@@ -107,6 +128,11 @@ impl ClickMetrics {
             (now_ms() - head).max(0)
         };
         self.oldest_age.set(age_ms as f64 / 1000.0);
+        // A filesystem that cannot be asked keeps the last answer.
+        if let Ok(fs) = crate::spool::filesystem_space(spool.dir()) {
+            self.fs_free.set(i64::try_from(fs.free).unwrap_or(i64::MAX));
+            self.fs_size.set(i64::try_from(fs.size).unwrap_or(i64::MAX));
+        }
     }
 
     /// Notes the click time of the oldest record the replayer holds (`None`: nothing pending).

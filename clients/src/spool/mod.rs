@@ -120,6 +120,34 @@ pub enum AppendError {
     Io(#[from] io::Error),
 }
 
+/// Space on a filesystem (`statvfs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Bytes an unprivileged writer may still use (`f_bavail`).
+    pub free: u64,
+    /// The filesystem's size (`f_blocks`).
+    pub size: u64,
+}
+
+/// Free and total bytes of the filesystem holding `dir`.
+pub fn filesystem_space(dir: &Path) -> io::Result<FsSpace> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a pointer to a statvfs the call fills in.
+    if unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    let frsize = st.f_frsize;
+    Ok(FsSpace {
+        free: st.f_bavail.saturating_mul(frsize),
+        size: st.f_blocks.saturating_mul(frsize),
+    })
+}
+
 /// What [`Spool::open`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {

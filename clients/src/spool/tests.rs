@@ -331,3 +331,11 @@ fn relaxed_commits_reach_the_disk_when_due_or_persisted_and_a_crash_resends_the_
     let (_spool, _r, recovered) = Spool::open(cfg(dir.path())).unwrap();
     assert_eq!(recovered.pending, 0);
 }
+
+#[test]
+fn filesystem_space_reads_the_spool_directorys_filesystem() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = filesystem_space(dir.path()).unwrap();
+    assert!(fs.size > 0 && fs.free <= fs.size, "{fs:?}");
+    assert!(filesystem_space(&dir.path().join("missing")).is_err());
+}

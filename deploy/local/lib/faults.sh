@@ -77,6 +77,13 @@ zl_toxi() {
 #              pages with) withdrawn, as a changed bucket policy would: the identity file
 #              rewritten and reloaded (SIGHUP), signed access untouched | the grant back
 #              (no repair can restore a permission: the rung-3 canary alert says it)
+#   full       NAME is primary-N or lastresort-N (as root): its click spool moved onto a small
+#              filesystem of its own (a 64 MiB tmpfs mounted over the spool directory, the
+#              spool copied in) that is then filled but for 16 KiB, and NAME restarted on it:
+#              redirects must go on, the clicks that do not fit are refused, counted and
+#              alerted on | the filler removed (space is back: spooling resumes without a
+#              restart, tests/lastresort.rs proves it), then the spool moved back to the real
+#              disk by a graceful restart (any stop of NAME does that move, `ctl down` too)
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
   case "$action:$kind" in
@@ -200,6 +207,46 @@ zl_fault() {
         "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe" "$want" ||
         zl_die "s3 did not reload its identities"
       ;;
-    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt deny)" ;;
+    fault:full)
+      [[ "$name" == primary-* || "$name" == lastresort-* ]] || zl_die "full: only primary-N and lastresort-N keep a spool"
+      [[ "$(id -u)" == 0 ]] || zl_die "full: mounting a filesystem needs root"
+      local dir="$ZLINK_RUN/spool/$name" real="$ZLINK_RUN/faults/$name.spool" avail
+      mountpoint -q "$dir" && zl_die "full: $name's spool is on a filesystem of its own already"
+      zl_stop "$name"
+      mkdir -p "$ZLINK_RUN/faults" "$dir"
+      rm -rf "$real"
+      mv "$dir" "$real"
+      mkdir "$dir"
+      mount -t tmpfs -o size=64m,mode=0755 zlink-full "$dir" || zl_die "full: mounting a tmpfs on $dir failed"
+      cp -a "$real/." "$dir/"
+      rm -rf "$real"
+      avail=$(($(stat -f -c '%a * %S' "$dir")))
+      fallocate -l $((avail - 16384)) "$dir/$ZL_FULL_FILLER" || zl_die "full: filling $dir failed"
+      zl_start "$name" && zl_wait_ready "$name"
+      ;;
+    heal:full)
+      local dir="$ZLINK_RUN/spool/$name"
+      mountpoint -q "$dir" || zl_die "full: $name's spool is not on a filesystem of its own"
+      rm -f "$dir/$ZL_FULL_FILLER"
+      # zl_stop moves the spool back to the real disk.
+      zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
+      ;;
+    *) zl_die "unknown fault '$kind' (kill hang slow blackhole cut restart delete corrupt deny full)" ;;
   esac
+}
+
+# The file `ctl fault full` fills a spool's own filesystem with.
+ZL_FULL_FILLER=zlink-full-filler
+# After NAME stopped: a spool `ctl fault full` left on a filesystem of its own goes back to the
+# real disk, every record in it (nothing is lost by a stop, `ctl down` included).
+zl_spool_unmount() {
+  local name="$1" dir="$ZLINK_RUN/spool/$1" real
+  [[ "$name" == primary-* || "$name" == lastresort-* ]] || return 0
+  mountpoint -q "$dir" 2>/dev/null || return 0
+  real="$ZLINK_RUN/faults/$name.spool"
+  rm -rf "$real"
+  mkdir -p "$real"
+  cp -a "$dir/." "$real/"
+  rm -f "$real/$ZL_FULL_FILLER"
+  umount "$dir" && rmdir "$dir" && mv "$real" "$dir" || zl_die "$name: moving its spool back from $dir failed"
 }

@@ -197,3 +197,39 @@ fn deny_withdraws_s3s_anonymous_read_and_rung_3s_canary_says_so() {
     // Kill and the rest still apply to s3.
     assert!(phases(&[Scenario::parse("kill:s3").unwrap()], &tiers, &[], &[]).is_ok());
 }
+
+#[test]
+fn full_fills_the_lastresorts_spool_disks_and_their_alert_fires_and_resolves() {
+    let tiers: BTreeMap<String, Vec<String>> = [
+        (
+            "lastresorts".to_string(),
+            vec!["lastresort-1".to_string(), "lastresort-2".to_string()],
+        ),
+        ("primaries".to_string(), vec!["primary-1".to_string()]),
+    ]
+    .into();
+    let ph = phases(
+        &[Scenario::parse("full:lastresorts").unwrap()],
+        &tiers,
+        &[],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        ph[1].actions,
+        [
+            Action::Break(Kind::Full, "lastresort-1".into()),
+            Action::Break(Kind::Full, "lastresort-2".into())
+        ]
+    );
+    assert_eq!(ph[1].alerts_fire, ["ZlinkSpoolDiskLow"]);
+    assert_eq!(ph[2].alerts_resolve, ["ZlinkSpoolDiskLow"]);
+    // A primary's spool takes every click: a full one would make the drill's clicks inexact.
+    assert!(phases(
+        &[Scenario::parse("full:primaries").unwrap()],
+        &tiers,
+        &[],
+        &[]
+    )
+    .is_err());
+}
