@@ -214,11 +214,18 @@ zl_fault() {
       mountpoint -q "$dir" && zl_die "full: $name's spool is on a filesystem of its own already"
       zl_stop "$name"
       mkdir -p "$ZLINK_RUN/faults" "$dir"
+      # The spool must fit the small filesystem with room to spare (a backlog bigger than that:
+      # no fault, the process back as it was).
+      if (($(du -sb "$dir" | cut -f1) > 48 * 1024 * 1024)); then
+        zl_start "$name" && zl_wait_ready "$name"
+        zl_die "full: $name's spool holds over 48 MiB; not moving it onto a 64 MiB filesystem"
+      fi
       rm -rf "$real"
       mv "$dir" "$real"
       mkdir "$dir"
       mount -t tmpfs -o size=64m,mode=0755 zlink-full "$dir" || zl_die "full: mounting a tmpfs on $dir failed"
-      cp -a "$real/." "$dir/"
+      # The real copy goes only once the small filesystem holds all of it.
+      cp -a "$real/." "$dir/" || zl_die "full: copying $name's spool onto $dir failed; the original is in $real"
       rm -rf "$real"
       avail=$(($(stat -f -c '%a * %S' "$dir")))
       fallocate -l $((avail - 16384)) "$dir/$ZL_FULL_FILLER" || zl_die "full: filling $dir failed"
@@ -244,9 +251,13 @@ zl_spool_unmount() {
   [[ "$name" == primary-* || "$name" == lastresort-* ]] || return 0
   mountpoint -q "$dir" 2>/dev/null || return 0
   real="$ZLINK_RUN/faults/$name.spool"
-  rm -rf "$real"
-  mkdir -p "$real"
-  cp -a "$dir/." "$real/"
-  rm -f "$real/$ZL_FULL_FILLER"
+  # A fault whose copy failed left the original here, and NAME never ran on the partial copy.
+  if [[ ! -d "$real" ]]; then
+    rm -rf "$real.partial"
+    mkdir -p "$real.partial"
+    cp -a "$dir/." "$real.partial/" || zl_die "$name: copying its spool back from $dir failed"
+    rm -f "$real.partial/$ZL_FULL_FILLER"
+    mv "$real.partial" "$real"
+  fi
   umount "$dir" && rmdir "$dir" && mv "$real" "$dir" || zl_die "$name: moving its spool back from $dir failed"
 }
