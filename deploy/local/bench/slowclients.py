@@ -75,7 +75,7 @@ async def attacker(args, src, c, deadline):
         c.open_now += 1
         c.peak_open = max(c.peak_open, c.open_now)
         opened = time.monotonic()
-        closed = asyncio.ensure_future(drain(reader, args.mode))
+        closed = asyncio.ensure_future(drain(reader))
         try:
             if args.mode == "header":
                 writer.write(f"GET {args.path} HTTP/1.1\r\nHost: {args.host}\r\n".encode())
@@ -111,7 +111,7 @@ async def attacker(args, src, c, deadline):
             await asyncio.sleep(args.reconnect_delay)
 
 
-async def drain(reader, mode):
+async def drain(reader):
     """Returns when the server closes the connection (reading and discarding what it sends)."""
     try:
         while await reader.read(4096):
