@@ -56,13 +56,18 @@ pub struct ServeConfig {
     /// Name of this instance in logs, metrics and click events.
     #[arg(long, env = "ZLINK_INSTANCE", default_value = "primary")]
     pub instance: String,
-    /// Base of the short URLs returned by the API (scheme://host[:port], no trailing slash).
-    #[arg(
-        long,
-        env = "ZLINK_PUBLIC_BASE_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
+    /// Base of the short URLs returned by the API (scheme://host[:port], no trailing slash):
+    /// the address the world reaches the default domain at (the frontend, or the DNS name that
+    /// moves to the last-resort hosts), never this process's own, so that every primary behind
+    /// one frontend hands out the same URL and a shared link survives the loss of any one of
+    /// them. Required; a loopback, private or single-label host is refused unless
+    /// --local-deployment.
+    #[arg(long, env = "ZLINK_PUBLIC_BASE_URL")]
     pub public_base_url: String,
+    /// A deployment on one machine or a private network (the local topology, Compose, the
+    /// tests): --public-base-url may name a loopback or private address.
+    #[arg(long, env = "ZLINK_LOCAL_DEPLOYMENT")]
+    pub local_deployment: bool,
     /// Further short domains this service answers on (comma-separated); no link may lead to
     /// one of them or the host of --public-base-url, or their subdomains (loops). With the
     /// host of --public-base-url, IP literals and `localhost`, they are the default domain's
@@ -235,12 +240,7 @@ impl ServeConfig {
         {
             return Err("--instance must be 1-64 characters of [A-Za-z0-9_-]".into());
         }
-        let base = &self.public_base_url;
-        if !(base.starts_with("http://") || base.starts_with("https://")) || base.ends_with('/') {
-            return Err(
-                "--public-base-url must be http(s)://host[:port] without a trailing slash".into(),
-            );
-        }
+        check_public_base(&self.public_base_url, self.local_deployment)?;
         for d in self
             .short_domains
             .iter()
@@ -330,12 +330,40 @@ impl ServeConfig {
     }
 }
 
+/// `--public-base-url`: `http(s)://host[:port]`, nothing after it; outside a local deployment
+/// a host the world can reach: what the destination policy calls public (no loopback, private
+/// or otherwise non-public address, no single-label or internal name such as `localhost`).
+fn check_public_base(base: &str, local: bool) -> Result<(), String> {
+    const FORM: &str = "--public-base-url must be http(s)://host[:port] without a trailing slash";
+    if !(base.starts_with("http://") || base.starts_with("https://")) || base.ends_with('/') {
+        return Err(FORM.into());
+    }
+    let u = url::Url::parse(base).map_err(|_| FORM.to_string())?;
+    if u.path() != "/" || u.query().is_some() || u.fragment().is_some() || !u.username().is_empty()
+    {
+        return Err(FORM.into());
+    }
+    if local {
+        return Ok(());
+    }
+    zlink_wire::destination::check(&u, &Default::default()).map_err(|why| {
+        format!(
+            "--public-base-url {base} is not an address the world can reach ({why}): short \
+             URLs would lead nowhere outside this network; set the frontend's public URL, or \
+             --local-deployment for a deployment on one machine"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn serve(args: &[&str]) -> Result<ServeConfig, String> {
         let mut argv = vec!["primary", "serve", "--slug-key", "0123456789abcdef0123"];
+        if !args.contains(&"--public-base-url") {
+            argv.extend(["--public-base-url", "https://zl.example.com"]);
+        }
         argv.extend_from_slice(args);
         match Cli::try_parse_from(argv)
             .map_err(|e| e.to_string())?
@@ -383,6 +411,56 @@ mod tests {
         assert!(serve(&["--max-connections", "0"])
             .unwrap_err()
             .contains("max-connections"));
+    }
+
+    #[test]
+    fn the_public_base_is_required_and_public_outside_a_local_deployment() {
+        let missing =
+            Cli::try_parse_from(["primary", "serve", "--slug-key", "0123456789abcdef0123"]);
+        assert!(missing
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("--public-base-url"));
+        for ok in [
+            "https://zl.example.com",
+            "http://go.example.org:8080",
+            "https://198.51.99.7",
+        ] {
+            assert!(serve(&["--public-base-url", ok]).is_ok(), "{ok}");
+        }
+        for private in [
+            "http://127.0.0.1:21180",
+            "http://localhost:8080",
+            "http://10.1.2.3",
+            "http://192.168.0.4",
+            "http://172.20.0.1",
+            "http://100.64.1.1",
+            "http://[::1]:8080",
+            "http://[fd00::1]",
+            "http://frontend",
+            "https://zl.internal",
+            "http://printer.local",
+        ] {
+            let e = serve(&["--public-base-url", private]).unwrap_err();
+            assert!(
+                e.contains("not an address the world can reach"),
+                "{private}: {e}"
+            );
+            assert!(
+                serve(&["--public-base-url", private, "--local-deployment"]).is_ok(),
+                "{private} in a local deployment"
+            );
+        }
+        for bad in [
+            "https://zl.example.com/x",
+            "https://zl.example.com?a=1",
+            "https://u@zl.example.com",
+            "ftp://zl.example.com",
+        ] {
+            let e = serve(&["--public-base-url", bad, "--local-deployment"]).unwrap_err();
+            assert!(e.contains("http(s)://host[:port]"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -115,6 +115,11 @@ impl ServiceProcess {
         if !extra.contains(&"--drain-ms") {
             argv.extend(["--drain-ms".to_string(), "0".into()]);
         }
+        // Where a test does not say, short URLs on a frontend that is not there.
+        if !extra.contains(&"--public-base-url") {
+            argv.extend(["--public-base-url".to_string(), "http://127.0.0.1:9".into()]);
+        }
+        argv.extend(["--local-deployment".to_string()]);
         argv.extend(extra.iter().map(|s| s.to_string()));
         (argv, spool)
     }

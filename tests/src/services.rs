@@ -79,9 +79,12 @@ pub async fn spawn_primary(
         keyspace.into(),
         "--slug-key".into(),
         format!("test-slug-key-{keyspace}"),
-        "--public-base-url".into(),
-        base.clone(),
+        "--local-deployment".into(),
     ]);
+    // Short URLs under this primary's own address unless the test names a frontend's.
+    if !extra.contains(&"--public-base-url") {
+        argv.extend(["--public-base-url".into(), base.clone()]);
+    }
     // With Kafka, clicks are spooled: a fresh spool directory unless the test names one.
     let spool = (extra.contains(&"--kafka") && !extra.contains(&"--spool-dir"))
         .then(|| TempDir::new("primary-spool"));

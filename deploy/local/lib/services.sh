@@ -40,9 +40,13 @@ zl_start_primary() {
     zl_worker_threads
     zl_spawn "$name" "$(zl_bin primary)" serve \
       --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" --canaries \
-      --public-base-url "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port "$name")}"
+      --public-base-url "$(zl_public_base_url)" --local-deployment
   )
 }
+# The base of every short URL the primaries hand out: the frontend (not a primary's own
+# address, which would die with it and never fail over); ZLINK_PUBLIC_BASE_URL overrides.
+# The same links also answer under the rung-4 name, http://$ZLINK_DNS_NAME:<site port>/.
+zl_public_base_url() { echo "${ZLINK_PUBLIC_BASE_URL:-http://127.0.0.1:$(zl_port nginx-frontend)}"; }
 zl_ready_primary() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/readyz")" == 200 ]]; }
 ZL_TIMEOUT_primary=60
 

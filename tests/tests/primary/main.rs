@@ -31,6 +31,54 @@ fn location(r: &reqwest::Response) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_string())
 }
 
+/// Issue 40: the short URL is the public base every primary behind one frontend shares, not the
+/// answering process's address: created on one, read on the other, listed and in bulk, the
+/// same URL, and the QR code and the info page carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_primary_hands_out_the_same_short_url_under_the_public_base() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let public = ["--public-base-url", "https://go.zlink.example"];
+    let a = spawn_primary(&infra, &ks, &public, None).await;
+    let b = spawn_primary(&infra, &ks, &public, None).await;
+    let key = create_key(&a.state, "alice", false).await;
+    let r = create(&a.base, &key, json!({"url": "https://example.com/shared"})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let made: Value = r.json().await.unwrap();
+    let slug = made["slug"].as_str().unwrap();
+    let want = format!("https://go.zlink.example/{slug}");
+    assert_eq!(made["short_url"], want.as_str());
+    for p in [&a, &b] {
+        let got: Value = client()
+            .get(p.url(&format!("/api/v1/links/{slug}")))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(got["short_url"], want.as_str(), "read on {}", p.base);
+        let list: Value = client()
+            .get(p.url("/api/v1/links"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(list["links"][0]["short_url"], want.as_str());
+        let info = get(&p.url(&format!("/{slug}+")))
+            .await
+            .text()
+            .await
+            .unwrap();
+        assert!(info.contains(&want), "info page on {}", p.base);
+        assert!(!info.contains(&a.base) && !info.contains(&b.base));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn created_link_redirects_on_both_instances() {
     let infra = Infra::from_env();
