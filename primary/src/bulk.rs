@@ -4,6 +4,11 @@
 //! limit) fails alone; the others are created. With an `Idempotency-Key`, item `i` is created
 //! under the key `<key>#<i>`: retrying the whole request returns the same links (replays),
 //! and creates only what the first attempt did not.
+//!
+//! The request is never answered 503 as a whole while its items succeed: the items get the
+//! request deadline less a margin for the answer ([`items_deadline`]); an item not started by
+//! then, or still writing then, answers `503 timeout` on its own (the ones still writing may
+//! or may not exist: a retry with the same `Idempotency-Key` tells), the rest their results.
 
 use crate::api::{create_link, link_json, CreateRequest, Created};
 use crate::app::{AppState, Limit};
@@ -15,6 +20,7 @@ use futures_util::stream::{self, StreamExt};
 use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
+use std::time::Duration;
 
 /// Items one request may carry.
 pub const MAX_ITEMS: usize = 1000;
@@ -38,6 +44,7 @@ pub(crate) struct BulkRequest {
     responses((status = 200, body = crate::views::BulkResult), (status = 422, body = crate::views::Error)),
     security(("bearer" = [])))]
 pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, ApiError> {
+    let started = tokio::time::Instant::now();
     state.admit_ip(Limit::WritesPerIp, state.client_ip(&req))?;
     let principal = state.principal(&req).await?;
     let idem_key = idempotency_key(req.headers())?;
@@ -50,6 +57,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
         ));
     }
     let admitted = state.admit_writes(&principal, n)?;
+    let deadline = items_deadline(started, state.settings.request_timeout);
     let now = state.clock.now_ms();
     let results: Vec<Result<Created, ApiError>> = stream::iter(body.links.into_iter().enumerate())
         .map(|(i, item)| {
@@ -58,7 +66,15 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
                 if i >= admitted {
                     return Err(ApiError::RateLimited(1));
                 }
-                create_item(state, principal, item, idem_key.map(|k| format!("{k}#{i}"))).await
+                // Not started this late: nothing of it is written.
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(ApiError::Timeout);
+                }
+                let item =
+                    create_item(state, principal, item, idem_key.map(|k| format!("{k}#{i}")));
+                tokio::time::timeout_at(deadline, item)
+                    .await
+                    .unwrap_or(Err(ApiError::Timeout))
             }
         })
         .buffered(CONCURRENCY)
@@ -118,6 +134,16 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     ))
 }
 
+/// When the items must be done: the request's deadline less a tenth of it (at least 100 ms,
+/// at most 1 s) to build and send the answer of up to 1,000 items.
+fn items_deadline(
+    started: tokio::time::Instant,
+    request_timeout: Duration,
+) -> tokio::time::Instant {
+    let margin = (request_timeout / 10).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    started + request_timeout.saturating_sub(margin)
+}
+
 async fn create_item(
     state: &AppState,
     principal: &Principal,
@@ -127,4 +153,19 @@ async fn create_item(
     let body: CreateRequest = serde_json::from_value(item)
         .map_err(|e| ApiError::Invalid("invalid_request", e.to_string()))?;
     create_link(state, principal, body, idem_key.as_deref()).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_items_leave_time_for_the_answer() {
+        let t = tokio::time::Instant::now();
+        let d = |ms| items_deadline(t, Duration::from_millis(ms)) - t;
+        assert_eq!(d(5000), Duration::from_millis(4500));
+        assert_eq!(d(30_000), Duration::from_millis(29_000));
+        assert_eq!(d(500), Duration::from_millis(400));
+        assert_eq!(d(50), Duration::ZERO);
+    }
 }

@@ -244,3 +244,74 @@ async fn items_past_the_keys_write_limit_get_429_each_and_bad_requests_are_refus
     assert_eq!(listed["links"].as_array().unwrap().len(), 0);
     p.stop().await;
 }
+
+/// Issue 40: a bulk request larger than its deadline allows is answered with what was done: 200
+/// with a result per item (the late ones `503 timeout` each), never a 503 for the whole request
+/// while items are written; retries with the same Idempotency-Key finish the rest, each link
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bulk_past_its_deadline_answers_each_item_and_retries_finish_it() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    // 300 ms for the whole request: far less than 1,000 creates take.
+    let p = spawn_primary(&infra, &ks, &["--request-timeout-ms", "300"], None).await;
+    let alice = create_key(&p.state, "alice", false).await;
+    let items: Vec<Value> = (0..1000)
+        .map(|i| json!({"url": format!("https://example.com/late/{i}"), "slug": format!("late-{i}")}))
+        .collect();
+    let body = json!({ "links": items });
+    let mut done = std::collections::BTreeSet::new();
+    let mut timed_out_once = false;
+    for attempt in 0..60 {
+        let r = bulk(&p.base, &alice, &body, Some("late-bulk-1")).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::OK,
+            "attempt {attempt}: never 503 as a whole"
+        );
+        let v: Value = r.json().await.unwrap();
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1000);
+        for item in results {
+            match item["status"].as_u64().unwrap() {
+                201 => {
+                    done.insert(item["index"].as_u64().unwrap());
+                }
+                503 => {
+                    assert_eq!(item["error"]["code"], "timeout", "{item}");
+                    timed_out_once = true;
+                }
+                other => panic!("attempt {attempt}: item answered {other}: {item}"),
+            }
+        }
+        if done.len() == 1000 {
+            break;
+        }
+    }
+    assert!(timed_out_once, "the deadline was reached at least once");
+    assert_eq!(done.len(), 1000, "retries created every item");
+    // Each link exactly once, with the destination it was asked for.
+    for i in [0, 499, 999] {
+        let r = client()
+            .get(p.url(&format!("/late-{i}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::FOUND);
+        assert_eq!(
+            r.headers()["location"],
+            format!("https://example.com/late/{i}").as_str()
+        );
+    }
+    let listed: Value = client()
+        .get(p.url("/api/v1/links?limit=100&q=late-99"))
+        .bearer_auth(&alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // late-99 and late-990..999: eleven links, none twice.
+    assert_eq!(listed["links"].as_array().unwrap().len(), 11, "{listed}");
+}
