@@ -37,6 +37,8 @@ pub enum Route<'a> {
     LinkQr(&'a str),
     Redirect(&'a str),
     Info(&'a str),
+    /// `/dashboard` (`None`) and `/dashboard/<file>`.
+    Dashboard(Option<&'a str>),
     ApiNotFound,
     NotFound,
 }
@@ -52,7 +54,11 @@ impl<'a> Route<'a> {
             "/api/v1/keys" => Route::Keys,
             "/api/v1/domains" => Route::Domains,
             "/api/v1/openapi.json" => Route::OpenApi,
+            "/dashboard" => Route::Dashboard(None),
             _ => {
+                if let Some(file) = path.strip_prefix(crate::dashboard::PATH) {
+                    return Route::Dashboard(Some(file));
+                }
                 if let Some(id) = path.strip_prefix("/api/v1/keys/") {
                     if !id.contains('/') {
                         return Route::Key(id);
@@ -114,6 +120,7 @@ impl<'a> Route<'a> {
             Route::LinkQr(_) => "link_qr",
             Route::Redirect(_) => "redirect",
             Route::Info(_) => "info",
+            Route::Dashboard(_) => "dashboard",
             Route::ApiNotFound | Route::NotFound => "not_found",
         }
     }
@@ -211,6 +218,7 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         (Route::LinkQr(_), _) => Err(ApiError::MethodNotAllowed("GET")),
         (Route::Info(slug), &Method::GET | &Method::HEAD) => stats::info(&state, &req, slug).await,
         (Route::Info(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
+        (Route::Dashboard(file), _) => crate::dashboard::serve(file, &method, req.headers()),
         (Route::Redirect(_), _) => Err(ApiError::MethodNotAllowed("GET, HEAD")),
         (Route::ApiNotFound | Route::NotFound, _) => Err(ApiError::NotFound),
     };
@@ -351,6 +359,10 @@ mod tests {
             ("/abc+", Info("abc")),
             ("/+", Info("")),
             ("/abc/", NotFound),
+            ("/dashboard", Dashboard(None)),
+            ("/dashboard/", Dashboard(Some(""))),
+            ("/dashboard/app.js", Dashboard(Some("app.js"))),
+            ("/dashboard/a/b", Dashboard(Some("a/b"))),
             ("/", NotFound),
             ("//x", NotFound),
         ];
@@ -383,6 +395,7 @@ mod documented {
             Route::LinkQr(_) => "/api/v1/links/{slug}/qr",
             Route::Redirect(_) => "/{slug}",
             Route::Info(_) => "/{slug}+",
+            Route::Dashboard(_) => "/dashboard/",
             Route::ApiNotFound | Route::NotFound => "",
         }
     }
@@ -428,6 +441,7 @@ mod documented {
             Route::LinkQr("x"),
             Route::Redirect("x"),
             Route::Info("x"),
+            Route::Dashboard(Some("")),
         ] {
             assert!(
                 documented.contains(&documented_path(route)),

@@ -11,6 +11,7 @@
 //! - [`bulk`]: `POST /api/v1/links/bulk`, up to 1,000 creates with a result each.
 //! - [`domains`]: branded domains' API (register, list, approve).
 //! - [`hosts`]: the domain a request, route or create names; whether a host is one of ours.
+//! - [`dashboard`]: `GET /dashboard/`, the link owners' page (static, on the public API).
 //! - [`openapi`]: the OpenAPI 3.1 document of every route (`GET /api/v1/openapi.json`).
 //! - [`views`]: the API's JSON answers (`Serialize` types) and their OpenAPI schemas.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
@@ -41,6 +42,7 @@ pub mod bulk;
 pub mod cache;
 pub mod canary;
 pub mod config;
+pub mod dashboard;
 pub mod domains;
 pub mod error;
 pub mod events;

@@ -42,7 +42,7 @@ impl utoipa::Modify for Bearer {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "zlink", description = "URL shortener whose redirects keep working when its datacenter does not"),
-    paths(crate::api::create, crate::listing::list, crate::bulk::create, crate::api::get, crate::api::patch::patch, crate::api::delete, crate::stats::api, crate::qr::get, crate::domains::register, crate::domains::list, crate::domains::approve, crate::keys::create, crate::keys::revoke, serve, crate::redirect::redirect, crate::stats::info, crate::ops::healthz, crate::ops::readyz, crate::ops::metrics),
+    paths(crate::api::create, crate::listing::list, crate::bulk::create, crate::api::get, crate::api::patch::patch, crate::api::delete, crate::stats::api, crate::qr::get, crate::domains::register, crate::domains::list, crate::domains::approve, crate::keys::create, crate::keys::revoke, serve, crate::redirect::redirect, crate::stats::info, crate::dashboard::serve, crate::ops::healthz, crate::ops::readyz, crate::ops::metrics),
     modifiers(&Bearer),
 )]
 struct ApiDoc;

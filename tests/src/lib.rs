@@ -11,9 +11,11 @@
 //! - [`own`]: Kafka, S3 and memcached of a test's own (to kill or cut off).
 //! - [`api`]: the HTTP API as a client uses it; polling helpers.
 //! - [`nginx`]: real nginx from the `nginx/` templates.
+//! - [`browser`]: headless Chromium through ChromeDriver (WebDriver), and a destination site.
 //! - [`faults`]: Toxiproxy of the test's own (slow, blackholed links) and frozen processes.
 
 pub mod api;
+pub mod browser;
 pub mod faults;
 pub mod infra;
 pub mod nginx;
@@ -22,6 +24,7 @@ pub mod process;
 pub mod services;
 
 pub use api::*;
+pub use browser::*;
 pub use infra::*;
 pub use nginx::*;
 pub use own::*;

@@ -11,6 +11,15 @@ pub fn upstream_servers(addrs: &[String], extra: &str) -> String {
         .join("\n")
 }
 
+/// Upstream lines for a port nothing listens on: a last-resort host whose processes are all
+/// down (rung 3), or a frontend's last-resort host that is not there.
+pub fn dead_server() -> String {
+    upstream_servers(
+        &[format!("127.0.0.1:{}", free_port())],
+        "max_fails=1 fail_timeout=5s",
+    )
+}
+
 /// `host:port` of a `http://host:port` base URL.
 pub fn hostport(base: &str) -> String {
     base.trim_start_matches("http://").to_string()

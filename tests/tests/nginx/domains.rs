@@ -3,7 +3,6 @@
 //! and that host's nginx straight from S3 (rung 3); an unregistered host gets 404 on every rung;
 //! a disabled branded link is 410 on every rung; rung-3 clicks carry the branded key.
 
-use super::dead_server;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::collections::HashSet;

@@ -334,11 +334,3 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     assert!(lr.terminate().await.success());
     replicator.stop().await;
 }
-
-/// A port nothing listens on: a lastresort host whose processes are all down (rung 3).
-fn dead_server() -> String {
-    upstream_servers(
-        &[format!("127.0.0.1:{}", free_port())],
-        "max_fails=1 fail_timeout=5s",
-    )
-}

@@ -13,19 +13,6 @@ async fn qr(base: &str, key: &str, slug: &str, query: &str) -> reqwest::Response
 }
 
 /// The text a QR reader finds in a PNG.
-fn read_qr(png_bytes: &[u8]) -> String {
-    let decoder = png::Decoder::new(std::io::Cursor::new(png_bytes));
-    let mut reader = decoder.read_info().expect("a PNG");
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).expect("a frame");
-    assert_eq!(info.color_type, png::ColorType::Grayscale);
-    let (w, h) = (info.width as usize, info.height as usize);
-    let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| buf[y * w + x]);
-    let grids = img.detect_grids();
-    assert_eq!(grids.len(), 1, "one QR code in the image");
-    grids[0].decode().expect("decodes").1
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_qr_code_reads_back_as_the_short_url_for_its_owner_only() {
     let infra = Infra::from_env();

@@ -1,0 +1,341 @@
+//! Real-browser tests (issue 40): headless Chromium, driven through WebDriver, follows short
+//! links the way a person's browser does (DNS mapped to loopback with --host-resolver-rules),
+//! with JavaScript on and off, on every rung of the ladder, and uses the link owners' page end
+//! to end. Screenshots are kept under `.zlink/browser/`.
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use zlink_e2e::*;
+
+/// The default short domain as the world would resolve it.
+const SHORT: &str = "go.zlink.test";
+/// Where the links lead (a destination server of the test's own).
+const DEST: &str = "dest.zlink.test";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn browser_hosts(short_to: &str, dest: &Destination) -> BrowserOptions {
+    BrowserOptions {
+        hosts: vec![
+            (SHORT.into(), short_to.into()),
+            (DEST.into(), format!("127.0.0.1:{}", dest.port)),
+        ],
+        no_javascript: false,
+    }
+}
+
+/// Follows `short` in `b` and asserts it lands on `want` (the destination's own page).
+async fn lands(b: &Browser, short: &str, want: &str, dest: &Destination, shot: &str) {
+    b.goto(short).await;
+    let at = b.wait_url(WAIT, |u| u == want).await;
+    assert_eq!(at, want, "{shot}: {short} leads to the destination");
+    let path = want.trim_start_matches(&format!("http://{DEST}"));
+    let h1 = b.wait_text("#landed", path, WAIT).await;
+    assert_eq!(h1, format!("landed on {path}"), "{shot}");
+    assert!(
+        dest.browser_paths().iter().any(|p| p == path),
+        "{shot}: the destination server saw the browser"
+    );
+    b.screenshot(shot).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and_off() {
+    let infra = Infra::from_env();
+    let dest = Destination::start().await;
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
+    let mut flags = kafka_flags(&infra, &n, &topic).to_vec();
+    let base = format!("http://{SHORT}");
+    flags.extend(["--public-base-url", &base]);
+    let p1 = spawn_primary(&infra, &ks, &flags, None).await;
+    let p2 = spawn_primary(&infra, &ks, &flags, None).await;
+    let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
+    let key = create_key(&p1.state, "alice", false).await;
+
+    // One link per rung and mode: a browser keeps a redirect for its max-age, so a link once
+    // followed would not be asked for again.
+    let mut links = std::collections::HashMap::new();
+    for rung in ["1", "2", "3", "4", "4s"] {
+        for js in ["js", "nojs"] {
+            let slug = format!("browser-r{rung}-{js}");
+            let url = format!("http://{DEST}/r{rung}/{js}?a=1&b=%C3%A9");
+            let r = create(&p1.base, &key, json!({"url": url, "slug": slug})).await;
+            assert_eq!(r.status(), reqwest::StatusCode::CREATED);
+            let made: Value = r.json().await.unwrap();
+            assert_eq!(made["short_url"], format!("{base}/{slug}"));
+            assert!(
+                eventually_ok(&infra.blob_url(&n.s3_prefix, &slug), WAIT).await,
+                "{slug} replicated"
+            );
+            links.insert((rung, js), (format!("{base}/{slug}"), url));
+        }
+    }
+
+    let spool = TempDir::new("browser-spool");
+    let click_dir = TempDir::new("browser-clicklog");
+    let click_log = click_dir.path().join("clicks.json").display().to_string();
+    let spool_dir = spool.path().display().to_string();
+    let lr_flags = [
+        "--clicks-topic",
+        &topic,
+        "--spool-dir",
+        &spool_dir,
+        "--nginx-click-log",
+        &click_log,
+        "--short-domains",
+        SHORT,
+    ];
+    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let mut lr_values = lastresort_host_values(
+        upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
+        &infra,
+        &n.s3_prefix,
+        &click_log,
+    );
+    lr_values.retain(|(k, _)| *k != "DEFAULT_HOSTS");
+    lr_values.push(("DEFAULT_HOSTS", default_hosts(&[SHORT])));
+    let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let fe = OwnNginx::start(
+        "frontend.conf",
+        &[
+            (
+                "PRIMARY_SERVERS",
+                upstream_servers(
+                    &[hostport(&p1.base), hostport(&p2.base)],
+                    "max_fails=1 fail_timeout=5s",
+                ),
+            ),
+            (
+                "LASTRESORT_HOST_SERVERS",
+                upstream_servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
+            ),
+        ],
+    )
+    .await;
+
+    // Two browsers whose DNS sends the short domain to the frontend: JavaScript on and off.
+    let mut via_frontend = Vec::new();
+    for js in ["js", "nojs"] {
+        let mut o = browser_hosts(&hostport(&fe.base), &dest);
+        o.no_javascript = js == "nojs";
+        via_frontend.push((js, Browser::start(o).await));
+    }
+    let tiers = |rung: &'static str| async move { rung };
+    let _ = tiers;
+
+    // Rung 1: the primaries answer.
+    for (js, b) in &via_frontend {
+        let (short, url) = &links[&("1", *js)];
+        lands(b, short, url, &dest, &format!("rung1-{js}")).await;
+    }
+    // Rung 2: both primaries gone; the frontend fails over to the last-resort host.
+    p1.stop().await;
+    p2.stop().await;
+    for (js, b) in &via_frontend {
+        let (short, url) = &links[&("2", *js)];
+        lands(b, short, url, &dest, &format!("rung2-{js}")).await;
+    }
+    // Rung 4: the DNS name moved to the last-resort host (the frontend's site is gone).
+    let mut direct = Vec::new();
+    for js in ["js", "nojs"] {
+        let mut o = browser_hosts(&hostport(&lr_nginx.base), &dest);
+        o.no_javascript = js == "nojs";
+        let b = Browser::start(o).await;
+        let (short, url) = &links[&("4", js)];
+        lands(&b, short, url, &dest, &format!("rung4-{js}")).await;
+        direct.push((js, b));
+    }
+    // Rung 3: the lastresort processes gone too; that host's nginx serves the S3 page, whose
+    // meta refresh (no script needed) takes the browser on.
+    lr.kill().await;
+    for (js, b) in &via_frontend {
+        let (short, url) = &links[&("3", *js)];
+        lands(b, short, url, &dest, &format!("rung3-{js}")).await;
+    }
+    // And rung 4 with the last-resort host's processes down: the S3 page straight from its nginx.
+    for (js, b) in &direct {
+        let (short, url) = &links[&("4s", *js)];
+        lands(b, short, url, &dest, &format!("rung4-s3-{js}")).await;
+    }
+
+    // Which tier answered each browser request, from the two nginx logs.
+    let fe_log = fe.access_log("nginx-frontend.access.json", 6).await;
+    let tier_of = |log: &[Value], slug: &str| -> Vec<String> {
+        log.iter()
+            .filter(|l| l["uri"] == format!("/{slug}"))
+            .map(|l| l["tier"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    for js in ["js", "nojs"] {
+        assert_eq!(tier_of(&fe_log, &format!("browser-r1-{js}")), ["primary"]);
+        assert_eq!(
+            tier_of(&fe_log, &format!("browser-r2-{js}")),
+            ["lastresort"]
+        );
+        assert_eq!(
+            tier_of(&fe_log, &format!("browser-r3-{js}")),
+            ["lastresort-nginx"]
+        );
+    }
+    let lr_log = lr_nginx.access_log("nginx-lastresort.access.json", 4).await;
+    assert!(
+        lr_log
+            .iter()
+            .any(|l| l["uri"] == "/browser-r4-js" || l["uri"] == "/browser-r4-nojs"),
+        "rung 4 reached the last-resort host directly: {lr_log:?}"
+    );
+    drop(via_frontend);
+    drop(direct);
+    replicator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back() {
+    let infra = Infra::from_env();
+    let dest = Destination::start().await;
+    let (ks, n, topic) = pipeline_keyspace(&infra).await;
+    let mut flags = kafka_flags(&infra, &n, &topic).to_vec();
+    let base = format!("http://{SHORT}");
+    flags.extend(["--public-base-url", &base]);
+    let p = spawn_primary(&infra, &ks, &flags, None).await;
+    let group = format!("counter-{ks}");
+    let _counter = ServiceProcess::counter(&infra, &infra.kafka, &ks, &topic, &group, &[])
+        .ready()
+        .await;
+    let key = create_key(&p.state, "olivia", false).await;
+    let fe = OwnNginx::start(
+        "frontend.conf",
+        &[
+            (
+                "PRIMARY_SERVERS",
+                upstream_servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
+            ),
+            ("LASTRESORT_HOST_SERVERS", dead_server()),
+        ],
+    )
+    .await;
+    let b = Browser::start(browser_hosts(&hostport(&fe.base), &dest)).await;
+    let page = format!("{base}/dashboard/");
+
+    // Signing in with a wrong key says so and shows nothing else.
+    b.goto(&format!("{base}/dashboard")).await;
+    assert_eq!(b.url().await, page, "/dashboard leads to the page");
+    let input = b.find("#key", WAIT).await;
+    b.type_into(&input, "zl_not-a-real-key").await;
+    b.click(&b.find("#signin-form button", WAIT).await).await;
+    let err = b.wait_text("#signin-error", "not valid", WAIT).await;
+    assert!(err.contains("not valid"), "{err}");
+    b.screenshot("owner-signin-refused").await;
+
+    // Sign in, create a link with a custom slug.
+    let input = b.find("#key", WAIT).await;
+    b.type_into(&input, &key).await;
+    b.click(&b.find("#signin-form button", WAIT).await).await;
+    let url_in = b.find("#c-url", WAIT).await;
+    let want_dest = format!("http://{DEST}/owner/landing?x=1");
+    b.type_into(&url_in, &want_dest).await;
+    b.type_into(&b.find("#c-slug", WAIT).await, "owner-page-1")
+        .await;
+    b.type_into(&b.find("#c-alias", WAIT).await, "<b>Spring</b> sale")
+        .await;
+    b.click(&b.find("#create-form button[type=submit]", WAIT).await)
+        .await;
+    let created = b.wait_text("#create-result", "Created", WAIT).await;
+    let short = format!("{base}/owner-page-1");
+    assert_eq!(created, format!("Created {short}"));
+    // The list shows it, its name as text (not markup), and the search finds it.
+    let row = b.find("tr[data-slug='owner-page-1']", WAIT).await;
+    let row_text = b.text(&row).await;
+    assert!(row_text.contains("<b>Spring</b> sale"), "{row_text}");
+    assert!(row_text.contains("ACTIVE"), "{row_text}");
+    b.type_into(&b.find("#q", WAIT).await, "spring").await;
+    b.click(&b.find("#search-form button", WAIT).await).await;
+    b.find("tr[data-slug='owner-page-1']", WAIT).await;
+    b.screenshot("owner-list").await;
+
+    // A person follows the short link (rung 1): one click.
+    lands(&b, &short, &want_dest, &dest, "owner-link-followed").await;
+
+    // Back on the page (the key is still in this tab): the click shows in the chart.
+    b.goto(&page).await;
+    let row = b.find("tr[data-slug='owner-page-1']", WAIT).await;
+    let _ = row;
+    b.click(
+        &b.find("tr[data-slug='owner-page-1'] td.actions button", WAIT)
+            .await,
+    )
+    .await;
+    let mut total = String::new();
+    for _ in 0..120 {
+        let t = b.find("#totals", WAIT).await;
+        total = b.attr(&t, "data-total").await.unwrap_or_default();
+        if total == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.click(&b.find("#refresh", WAIT).await).await;
+    }
+    assert_eq!(total, "1", "the click is counted and shown");
+    let bar = b.find("#chart-days rect[data-clicks='1']", WAIT).await;
+    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    assert_eq!(
+        b.attr(&bar, "data-date").await.as_deref(),
+        Some(today.as_str())
+    );
+    b.find(
+        "#chart-devices rect[data-name='desktop'][data-clicks='1']",
+        WAIT,
+    )
+    .await;
+    b.screenshot("owner-stats").await;
+
+    // The QR code the page shows (and offers to download) reads back as the short URL.
+    let img = b.find("#qr-img", WAIT).await;
+    let src = b.attr(&img, "src").await.unwrap_or_default();
+    assert!(src.starts_with("blob:"), "{src}");
+    let dl = b.find("#qr-download", WAIT).await;
+    assert_eq!(
+        b.attr(&dl, "download").await.as_deref(),
+        Some("owner-page-1.png")
+    );
+    let png_b64 = b
+        .eval(
+            "return fetch(document.getElementById('qr-img').src)\
+               .then(r => r.arrayBuffer())\
+               .then(a => { let s = ''; for (const x of new Uint8Array(a)) s += String.fromCharCode(x); return btoa(s); });",
+        )
+        .await;
+    let png = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(png_b64.as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(read_qr(&png), short);
+
+    // Disable it from the page: the list says so and the link answers 410.
+    b.click(&b.find("#close", WAIT).await).await;
+    let disable = b
+        .find(
+            "tr[data-slug='owner-page-1'] td.actions button:nth-child(2)",
+            WAIT,
+        )
+        .await;
+    assert_eq!(b.text(&disable).await, "Disable");
+    b.click(&disable).await;
+    let status = b
+        .wait_text("tr[data-slug='owner-page-1'] td.status", "DISABLED", WAIT)
+        .await;
+    assert_eq!(status, "DISABLED");
+    let r = client().get(p.url("/owner-page-1")).send().await.unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::GONE);
+    b.screenshot("owner-disabled").await;
+
+    // The key never travelled in a URL: not in the page's address, not in the frontend's log.
+    assert!(!b.url().await.contains(&key));
+    let log = std::fs::read_to_string(fe.log("nginx-frontend.access.json")).unwrap_or_default();
+    assert!(!log.contains(&key), "the API key in the access log");
+    assert!(
+        log.contains("/dashboard/app.js"),
+        "the page went through the frontend"
+    );
+}
