@@ -158,7 +158,9 @@ pub struct Breaker {
 }
 
 /// Admission of one call; must be settled with [`Attempt::done`]. Dropped unsettled (the caller
-/// was cancelled, e.g. by its own deadline), it counts as a failure: no answer came.
+/// was cancelled, e.g. by its own deadline), it counts as a failure: no answer came. (Through
+/// [`Breaker::call`], only once the call's budget has run out: a call its caller abandons
+/// earlier is no evidence either way.)
 pub struct Attempt<'a> {
     breaker: &'a Breaker,
     probe: bool,
@@ -170,6 +172,45 @@ impl Attempt<'_> {
     pub fn done(mut self, healthy: bool) {
         self.settled = true;
         self.breaker.settle(self.probe, healthy);
+    }
+
+    /// The caller gave up before the call's budget ran out (a client that went away, a bulk
+    /// request's own deadline): that says nothing about the dependency, so it is no failure. A
+    /// probe given up this way leaves the breaker open with the next probe due at once.
+    fn abandon(mut self) {
+        self.settled = true;
+        if self.probe {
+            let mut inner = self.breaker.lock();
+            if inner.state == State::HalfOpen {
+                inner.retry_at = Instant::now();
+                self.breaker.enter(&mut inner, State::Open);
+            }
+        }
+    }
+}
+
+/// An attempt made by [`Breaker::call`]: dropped before its budget ran out it is abandoned,
+/// dropped later (the budget's own timeout did not get to run) it is a failure.
+struct Budgeted<'a> {
+    attempt: Option<Attempt<'a>>,
+    give_up_at: Instant,
+}
+
+impl Budgeted<'_> {
+    fn done(mut self, healthy: bool) {
+        if let Some(a) = self.attempt.take() {
+            a.done(healthy);
+        }
+    }
+}
+
+impl Drop for Budgeted<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.attempt.take() {
+            if Instant::now() < self.give_up_at {
+                a.abandon();
+            }
+        }
     }
 }
 
@@ -283,7 +324,10 @@ impl Breaker {
     where
         F: Future<Output = Result<T, E>>,
     {
-        let attempt = self.try_acquire().map_err(|_| CallError::Open(self.name))?;
+        let attempt = Budgeted {
+            attempt: Some(self.try_acquire().map_err(|_| CallError::Open(self.name))?),
+            give_up_at: Instant::now() + budget,
+        };
         match tokio::time::timeout(budget, call).await {
             Ok(Ok(v)) => {
                 attempt.done(true);
@@ -385,6 +429,24 @@ mod tests {
         let _ = b.call(d, |_| true, async { Err::<(), _>("down") }).await;
         assert_eq!(b.state(), State::Closed, "not consecutive");
         let _ = b.call(d, |_| true, async { Err::<(), _>("down") }).await;
+        assert_eq!(b.state(), State::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn callers_that_give_up_within_the_budget_are_no_evidence() {
+        // A client that goes away, a bulk request's own deadline: the dependency did not fail.
+        let b = breaker(2, 1000);
+        for _ in 0..10 {
+            let call = b.call(Duration::from_millis(100), |_| true, hang());
+            assert!(tokio::time::timeout(Duration::from_millis(5), call)
+                .await
+                .is_err());
+        }
+        assert_eq!(b.state(), State::Closed);
+        // Its own budget running out still is.
+        for _ in 0..2 {
+            let _ = b.call(Duration::from_millis(10), |_| true, hang()).await;
+        }
         assert_eq!(b.state(), State::Open);
     }
 
