@@ -141,7 +141,7 @@ async function create(ev) {
   button.disabled = true;
   try {
     // One key per submission: a retry after a lost answer cannot create the link twice.
-    const l = await api('POST', '/api/v1/links', body, { 'Idempotency-Key': crypto.randomUUID() });
+    const l = await api('POST', '/api/v1/links', body, { 'Idempotency-Key': requestId() });
     out.replaceChildren('Created ', el('a', { href: l.short_url, id: 'created-link' }, l.short_url));
     $('create-form').reset();
     await search();
@@ -150,6 +150,12 @@ async function create(ev) {
   } finally {
     button.disabled = false;
   }
+}
+
+// 128 random bits as hex (crypto.randomUUID exists only on HTTPS pages; this works on both).
+function requestId() {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return 'web-' + Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
 }
 
 // ------------------------------------------------------------------ list
@@ -239,7 +245,7 @@ async function loadStats() {
   if (!current) return;
   try {
     const s = await api('GET', linkPath(current, '/stats'));
-    $('totals').textContent = s.total + ' clicks: ' + s.humans + ' by people, ' + s.bots + ' by bots and link previews';
+    $('totals').textContent = `${s.total} ${s.total === 1 ? 'click' : 'clicks'}: ${s.humans} by people, ${s.bots} by bots and link previews`;
     $('totals').dataset.total = String(s.total);
     dayChart($('chart-days'), s.last_days);
     barChart($('chart-countries'), s.top_countries.map((c) => [c.country, c.clicks]));

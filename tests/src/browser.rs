@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use std::time::Instant;
 
 /// The element reference key of the W3C protocol.
-const ELEMENT: &str = "element-6066-11e4-a52f-4a5ef11d7d0e";
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 /// Where the browser tests keep their screenshots (kept after the run).
 pub fn screenshot_dir() -> std::path::PathBuf {
@@ -178,6 +178,28 @@ impl Browser {
         }
     }
 
+    /// Like [`find`](Self::find), and waits until the element is displayed too.
+    pub async fn find_visible(&self, css: &str, within: Duration) -> Element {
+        let end = Instant::now() + within;
+        loop {
+            let e = self.find(css, within).await;
+            let shown = self
+                .ok("GET", &format!("/element/{}/displayed", e.0), None)
+                .await;
+            if shown == Value::Bool(true) {
+                return e;
+            }
+            assert!(Instant::now() < end, "{css} never displayed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Empties an input.
+    pub async fn clear(&self, e: &Element) {
+        self.ok("POST", &format!("/element/{}/clear", e.0), None)
+            .await;
+    }
+
     pub async fn click(&self, e: &Element) {
         self.ok("POST", &format!("/element/{}/click", e.0), None)
             .await;
@@ -211,13 +233,27 @@ impl Browser {
     pub async fn wait_text(&self, css: &str, needle: &str, within: Duration) -> String {
         let end = Instant::now() + within;
         loop {
+            // The element may be replaced between finding and reading it (a list redrawn).
             let e = self.find(css, within).await;
-            let t = self.text(&e).await;
+            let v = self
+                .call("GET", &format!("/element/{}/text", e.0), None)
+                .await;
+            let t = v.as_str().unwrap_or_default().to_string();
             if t.contains(needle) || Instant::now() > end {
                 return t;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Resizes the window (a phone's: 390 × 844).
+    pub async fn resize(&self, width: u32, height: u32) {
+        self.ok(
+            "POST",
+            "/window/rect",
+            Some(json!({"width": width, "height": height})),
+        )
+        .await;
     }
 
     /// A PNG of the window, written to `.zlink/browser/<name>.png`.
@@ -340,8 +376,12 @@ pub fn read_qr(png_bytes: &[u8]) -> String {
     let mut buf = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut buf).expect("a frame");
     assert_eq!(info.color_type, png::ColorType::Grayscale);
-    let (w, h) = (info.width as usize, info.height as usize);
-    let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| buf[y * w + x]);
+    read_qr_pixels(info.width as usize, info.height as usize, &buf)
+}
+
+/// The text of the one QR code in `w` × `h` grayscale pixels, row by row.
+pub fn read_qr_pixels(w: usize, h: usize, gray: &[u8]) -> String {
+    let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| gray[y * w + x]);
     let grids = img.detect_grids();
     assert_eq!(grids.len(), 1, "one QR code in the image");
     grids[0].decode().expect("decodes").1
