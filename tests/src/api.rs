@@ -19,6 +19,19 @@ pub async fn set_status(base: &str, key: &str, slug: &str, status: &str) {
     assert_eq!(r.status(), reqwest::StatusCode::OK, "PATCH {slug} {status}");
 }
 
+/// GET `url` with `key` as the bearer token; the answer's JSON body.
+pub async fn get_json(url: &str, key: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())

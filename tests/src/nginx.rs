@@ -50,6 +50,74 @@ pub fn lastresort_host_values(
     ]
 }
 
+/// A last-resort host of a test's own: one lastresort process (clicks spooled, its nginx's
+/// rung-3 click log ingested, `short_domains` the default domain's names) behind that host's
+/// nginx, serving S3 under `prefix`. [`LastResortHost::start`] also returns the process, which
+/// a test kills to reach rung 3; [`LastResortHost::lastresort`] starts another one with the same
+/// spool and click log.
+pub struct LastResortHost {
+    pub nginx: OwnNginx,
+    /// The host nginx's rung-3 click log.
+    pub click_log: String,
+    prefix: String,
+    flags: Vec<String>,
+    _spool: TempDir,
+    _click_dir: TempDir,
+}
+
+impl LastResortHost {
+    pub async fn start(
+        infra: &Infra,
+        prefix: &str,
+        clicks_topic: &str,
+        short_domains: &[&str],
+    ) -> (LastResortHost, ServiceProcess) {
+        let spool = TempDir::new("lr-host-spool");
+        let click_dir = TempDir::new("lr-host-clicklog");
+        let click_log = click_dir.path().join("clicks.json").display().to_string();
+        let mut flags = vec![
+            "--clicks-topic".to_string(),
+            clicks_topic.to_string(),
+            "--spool-dir".into(),
+            spool.path().display().to_string(),
+            "--nginx-click-log".into(),
+            click_log.clone(),
+        ];
+        if !short_domains.is_empty() {
+            flags.extend(["--short-domains".to_string(), short_domains.join(",")]);
+        }
+        let lr = Self::spawn(infra, prefix, &flags).await;
+        let mut values = lastresort_host_values(
+            upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
+            infra,
+            prefix,
+            &click_log,
+        );
+        values.push(("DEFAULT_HOSTS", default_hosts(short_domains)));
+        let nginx = OwnNginx::start("lastresort.conf", &values).await;
+        let host = LastResortHost {
+            nginx,
+            click_log,
+            prefix: prefix.to_string(),
+            flags,
+            _spool: spool,
+            _click_dir: click_dir,
+        };
+        (host, lr)
+    }
+
+    /// Another lastresort process on this host's spool and click log (the host nginx's
+    /// upstream keeps the first one's address).
+    pub async fn lastresort(&self, infra: &Infra) -> ServiceProcess {
+        Self::spawn(infra, &self.prefix, &self.flags).await
+    }
+
+    async fn spawn(infra: &Infra, prefix: &str, flags: &[String]) -> ServiceProcess {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        ServiceProcess::lastresort(infra, &infra.s3_endpoint, prefix, &flags).await
+    }
+}
+
 /// `DEFAULT_HOSTS` of nginx/lastresort.conf for these names (what `up` renders from
 /// ZLINK_SHORT_DOMAINS).
 pub fn default_hosts(names: &[&str]) -> String {

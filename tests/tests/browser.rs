@@ -70,30 +70,8 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
         }
     }
 
-    let spool = TempDir::new("browser-spool");
-    let click_dir = TempDir::new("browser-clicklog");
-    let click_log = click_dir.path().join("clicks.json").display().to_string();
-    let spool_dir = spool.path().display().to_string();
-    let lr_flags = [
-        "--clicks-topic",
-        &topic,
-        "--spool-dir",
-        &spool_dir,
-        "--nginx-click-log",
-        &click_log,
-        "--short-domains",
-        SHORT,
-    ];
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
-    let mut lr_values = lastresort_host_values(
-        upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
-        &infra,
-        &n.s3_prefix,
-        &click_log,
-    );
-    lr_values.retain(|(k, _)| *k != "DEFAULT_HOSTS");
-    lr_values.push(("DEFAULT_HOSTS", default_hosts(&[SHORT])));
-    let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let (lr_host, lr) = LastResortHost::start(&infra, &n.s3_prefix, &topic, &[SHORT]).await;
+    let lr_nginx = &lr_host.nginx;
     let fe = OwnNginx::start(
         "frontend.conf",
         &[
@@ -274,8 +252,6 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
 
     // Back on the page (the key is still in this tab): the click shows in the chart.
     b.goto(&page).await;
-    let row = b.find("tr[data-slug='owner-page-1']", WAIT).await;
-    let _ = row;
     b.click(
         &b.find("tr[data-slug='owner-page-1'] td.actions button", WAIT)
             .await,

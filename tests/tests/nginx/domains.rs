@@ -302,29 +302,8 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
     }
 
     // The ladder: frontend → primary, then the last-resort host.
-    let spool = TempDir::new("domains-spool");
-    let click_dir = TempDir::new("domains-clicklog");
-    let click_log = click_dir.path().join("clicks.json").display().to_string();
-    let spool_dir = spool.path().display().to_string();
-    let lr_flags = [
-        "--clicks-topic",
-        &topic,
-        "--spool-dir",
-        &spool_dir,
-        "--nginx-click-log",
-        &click_log,
-        "--short-domains",
-        SHORT,
-    ];
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
-    let mut lr_values = lastresort_host_values(
-        upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
-        &infra,
-        &n.s3_prefix,
-        &click_log,
-    );
-    lr_values.push(("DEFAULT_HOSTS", default_hosts(&[SHORT])));
-    let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let (lr_host, lr) = LastResortHost::start(&infra, &n.s3_prefix, &topic, &[SHORT]).await;
+    let (lr_nginx, click_log) = (&lr_host.nginx, &lr_host.click_log);
     let fe = OwnNginx::start(
         "frontend.conf",
         &[
@@ -378,7 +357,7 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
         .unwrap()
         .parse()
         .unwrap();
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let lr = lr_host.lastresort(&infra).await;
     let (_, events) = clicks_in_kafka(&infra.kafka, &topic, &HashSet::from([id])).await;
     let ev = events
         .iter()
@@ -387,7 +366,7 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
     assert_eq!(ev.key, "go.brand.example/promo");
 
     // A lastresort host whose processes are all down from the start: rung 3 directly.
-    let mut direct = lastresort_host_values(dead_server(), &infra, &n.s3_prefix, &click_log);
+    let mut direct = lastresort_host_values(dead_server(), &infra, &n.s3_prefix, click_log);
     direct.push(("DEFAULT_HOSTS", default_hosts(&[SHORT])));
     let direct = OwnNginx::start("lastresort.conf", &direct).await;
     check_all(&direct.base, &cases[3..], true, "lastresort-nginx").await;

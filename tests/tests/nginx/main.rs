@@ -93,26 +93,8 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     }
 
     // The last-resort host: one lastresort process behind its nginx.
-    let spool = TempDir::new("ladder-spool");
-    let click_dir = TempDir::new("ladder-clicklog");
-    let click_log = click_dir.path().join("clicks.json").display().to_string();
-    let spool_dir = spool.path().display().to_string();
-    let lr_flags = [
-        "--clicks-topic",
-        &topic,
-        "--spool-dir",
-        &spool_dir,
-        "--nginx-click-log",
-        &click_log,
-    ];
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
-    let lr_values = lastresort_host_values(
-        upstream_servers(&[hostport(&lr.base)], "max_fails=1 fail_timeout=5s"),
-        &infra,
-        &n.s3_prefix,
-        &click_log,
-    );
-    let lr_nginx = OwnNginx::start("lastresort.conf", &lr_values).await;
+    let (lr_host, lr) = LastResortHost::start(&infra, &n.s3_prefix, &topic, &[]).await;
+    let (lr_nginx, click_log) = (&lr_host.nginx, &lr_host.click_log);
     let mut fe_values = common();
     fe_values.extend([
         (
@@ -269,7 +251,7 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         .all(|l| l["rung"] == "3"));
 
     // Lastresort back: it ingests the rung-3 clicks from the nginx log, with their ids.
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let lr = lr_host.lastresort(&infra).await;
     let ingested = lr.url("/metrics");
     assert!(
         eventually(Duration::from_secs(10), || {
@@ -292,7 +274,7 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     }
     // Restarted again: nothing is ingested twice (the position is kept with the spool).
     assert!(lr.terminate().await.success());
-    let lr = ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await;
+    let lr = lr_host.lastresort(&infra).await;
     // One new line: the tail ingests exactly it, not the three before it.
     let line = format!(
         r#"{{"v":1,"id":"{}","msec":"{}.000","slug":"ladder-0","remote_addr":"127.0.0.1","referer":"","user_agent":"Mozilla/5.0"}}"#,
@@ -301,7 +283,7 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
     );
     std::fs::OpenOptions::new()
         .append(true)
-        .open(&click_log)
+        .open(click_log)
         .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()))
         .unwrap();
     let m = lr.url("/metrics");
@@ -320,7 +302,7 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
 
     // Operator endpoints answer on the processes themselves, never through a public nginx.
     for path in ["/metrics", "/readyz", "/healthz", "/stats", "/metrics/"] {
-        for (tier, nginx) in [("frontend", &fe), ("lastresort host", &lr_nginx)] {
+        for (tier, nginx) in [("frontend", &fe), ("lastresort host", lr_nginx)] {
             let r = client().get(nginx.url(path)).send().await.unwrap();
             assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path} via the {tier}");
             let body: Value = r.json().await.unwrap();

@@ -232,15 +232,7 @@ async fn items_past_the_keys_write_limit_get_429_each_and_bad_requests_are_refus
         .unwrap();
     assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
     // Nothing from the refused requests was stored: admin made no links.
-    let listed: Value = client()
-        .get(format!("{}/api/v1/links", p.base))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = get_json(&format!("{}/api/v1/links", p.base), &admin).await;
     assert_eq!(listed["links"].as_array().unwrap().len(), 0);
     p.stop().await;
 }
@@ -331,15 +323,7 @@ async fn a_bulk_past_its_deadline_answers_each_item_and_a_retry_finishes_it() {
             format!("https://example.com/late/{i}").as_str()
         );
     }
-    let listed: Value = client()
-        .get(p.url("/api/v1/links?limit=100&q=late-99"))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = get_json(&p.url("/api/v1/links?limit=100&q=late-99"), &alice).await;
     // late-99 and late-990..999: eleven links, none twice.
     assert_eq!(listed["links"].as_array().unwrap().len(), 11, "{listed}");
 }

@@ -49,25 +49,9 @@ async fn every_primary_hands_out_the_same_short_url_under_the_public_base() {
     let want = format!("https://go.zlink.example/{slug}");
     assert_eq!(made["short_url"], want.as_str());
     for p in [&a, &b] {
-        let got: Value = client()
-            .get(p.url(&format!("/api/v1/links/{slug}")))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got: Value = get_json(&p.url(&format!("/api/v1/links/{slug}")), &key).await;
         assert_eq!(got["short_url"], want.as_str(), "read on {}", p.base);
-        let list: Value = client()
-            .get(p.url("/api/v1/links"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let list: Value = get_json(&p.url("/api/v1/links"), &key).await;
         assert_eq!(list["links"][0]["short_url"], want.as_str());
         let info = get(&p.url(&format!("/{slug}+")))
             .await

@@ -157,15 +157,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         let r = patch_json(&a.base, who, "move-me", bad.clone()).await;
         assert_eq!(r.status(), status, "{bad}");
     }
-    let body: Value = client()
-        .get(format!("{}/api/v1/links/move-me", a.base))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: Value = get_json(&format!("{}/api/v1/links/move-me", a.base), &alice).await;
     assert_eq!(
         (body["url"].as_str(), body["version"].as_i64()),
         (Some("https://example.com/new"), Some(4))
@@ -196,15 +188,7 @@ async fn a_new_destination_or_expiry_is_a_new_version_every_instance_serves() {
         let r = patch_json(&a.base, &alice, "move-me", bad.clone()).await;
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
     }
-    let body: Value = client()
-        .get(format!("{}/api/v1/links/move-me", a.base))
-        .bearer_auth(&alice)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: Value = get_json(&format!("{}/api/v1/links/move-me", a.base), &alice).await;
     assert_eq!(
         body["alias"], "Q4 <b>launch</b>",
         "unchanged by the refused requests"

@@ -279,15 +279,7 @@ async fn expired_link_gives_410_and_cannot_be_changed() {
 
     clock.advance_ms(60_001);
     assert_eq!(get(&p.url("/short-lived")).await.status(), StatusCode::GONE);
-    let meta: Value = client()
-        .get(p.url("/api/v1/links/short-lived"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let meta: Value = get_json(&p.url("/api/v1/links/short-lived"), &key).await;
     assert_eq!(meta["status"], "EXPIRED");
     assert_eq!(
         patch_status(&p.base, &key, "short-lived", "DISABLED")

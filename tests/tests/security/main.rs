@@ -239,15 +239,7 @@ async fn an_admin_takedown_sticks_the_owner_cannot_undo_it() {
     assert_eq!(body["error"]["code"], "taken_down");
     let r = client().get(p.url("/take-me")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::GONE, "still gone");
-    let got: Value = client()
-        .get(p.url("/api/v1/links/take-me"))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got: Value = get_json(&p.url("/api/v1/links/take-me"), &owner).await;
     assert_eq!(got["status"], "DISABLED");
     assert_eq!(got["disabled_by"], "admin", "the owner sees why");
     // Only an admin lifts it.
