@@ -66,7 +66,7 @@ pub(crate) fn link_json(state: &AppState, l: &Link, now_ms: i64) -> LinkView {
     LinkView::of(state.short_url(&l.key), l, now_ms)
 }
 
-fn sha256_hex(parts: &[&str]) -> String {
+pub(crate) fn sha256_hex(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_be_bytes());
@@ -122,114 +122,194 @@ pub(crate) async fn create_link(
     idem_key: Option<&str>,
 ) -> Result<Created, ApiError> {
     let now = state.clock.now_ms();
-
-    let url = longurl::normalize(&body.url)
-        .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
-    state
-        .destinations
-        .check(&url)
-        .map_err(|e| ApiError::Invalid(e.code(), e.to_string()))?;
-    if let Some(s) = &body.slug {
-        slug::validate_custom(s).map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
-    }
-    let domain = crate::hosts::for_create(state, principal, body.domain.as_deref()).await?;
-    not_to_a_branded_domain(state, &url).await?;
-    let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
-    let alias = body.alias.as_deref().map(validate_alias).transpose()?;
-    let redirect_code = body.redirect_code.unwrap_or(state.settings.redirect_code);
-    if !link::is_redirect_code(redirect_code) {
-        return Err(ApiError::Invalid(
-            "invalid_redirect_code",
-            "redirect_code must be 301, 302, 307 or 308".into(),
-        ));
-    }
-
-    // The link key: the slug, on a branded domain `<domain>/<slug>`.
-    let mut key = match &body.slug {
-        Some(s) => LinkKey::new(domain.as_deref(), s),
-        None => {
-            let id = state.ids.next_id().await?;
-            let auto = state
-                .codec
-                .encode(id)
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            LinkKey::new(domain.as_deref(), &auto)
-        }
+    let draft = Draft::validate(state, principal, body, now).await?;
+    let auto = match draft.slug {
+        Some(_) => None,
+        None => Some(state.ids.next_id().await?),
     };
+    let mut key = draft.key(state, auto)?;
     // Every retry with the same key converges on the slug the first attempt claimed.
     let idem = match idem_key {
         Some(idem_key) => {
-            let fingerprint = sha256_hex(&[
-                &url,
-                body.slug.as_deref().unwrap_or(""),
-                domain.as_deref().unwrap_or(""),
-                &expires_at_ms.map(|e| e.to_string()).unwrap_or_default(),
-                &redirect_code.to_string(),
-                alias.as_deref().unwrap_or(""),
-            ]);
-            if let Some((won_slug, won_fp)) = state
-                .store
-                .links
-                .claim_idempotency(&principal.owner, idem_key, &key, &fingerprint, now)
-                .await?
+            let fingerprint = draft.fingerprint();
+            if let Some(won_slug) =
+                claim(state, principal, idem_key, key.as_str(), &fingerprint, now).await?
             {
-                if won_fp != fingerprint {
-                    return Err(ApiError::Invalid(
-                        "idempotency_key_reused",
-                        "this Idempotency-Key was used with a different request".into(),
-                    ));
-                }
                 key = LinkKey::from(won_slug);
             }
-            Some(sha256_hex(&[&principal.owner, idem_key]))
+            Some(item_idem(principal, idem_key))
         }
         None => None,
     };
+    draft.insert(state, principal, key, idem, now).await
+}
 
-    let new = Link {
-        key,
-        url,
-        owner: principal.owner.clone(),
-        status: LinkStatus::Active,
-        redirect_code,
-        created_at_ms: now,
-        expires_at_ms,
-        version: 1,
-        idem: idem.clone(),
-        disabled_by: None,
-        alias,
-    };
-    let existing = match write::insert(&state.store, state.events.uses_outbox(), &new, now).await? {
-        Inserted::Taken(existing) => existing,
-        Inserted::Created => {
-            state.cache.forget_local(&new.key).await;
-            state
-                .events
-                .link_changed(link_event(LinkEventKind::Created, &new, now));
-            tracing::info!(slug = %new.key, owner = ?new.owner, "link created");
+/// Claims `idem_key` for `claimed` (what a retry must converge on) with the request's
+/// `fingerprint`: `None` when this request is the first, else what the first claimed; a key
+/// first used with a different request is refused (422).
+pub(crate) async fn claim(
+    state: &AppState,
+    principal: &Principal,
+    idem_key: &str,
+    claimed: &str,
+    fingerprint: &str,
+    now: i64,
+) -> Result<Option<String>, ApiError> {
+    match state
+        .store
+        .links
+        .claim_idempotency(&principal.owner, idem_key, claimed, fingerprint, now)
+        .await?
+    {
+        None => Ok(None),
+        Some((_, won_fp)) if won_fp != fingerprint => Err(ApiError::Invalid(
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request".into(),
+        )),
+        Some((won, _)) => Ok(Some(won)),
+    }
+}
+
+/// What a link made under idempotency key `idem_key` records (`idem`), so that a retry that
+/// finds the link knows it as its own.
+pub(crate) fn item_idem(principal: &Principal, idem_key: &str) -> String {
+    sha256_hex(&[&principal.owner, idem_key])
+}
+
+/// A create's body validated and normalised, ready to be written under a key.
+pub(crate) struct Draft {
+    url: String,
+    pub slug: Option<String>,
+    domain: Option<String>,
+    expires_at_ms: Option<i64>,
+    redirect_code: u16,
+    alias: Option<String>,
+}
+
+impl Draft {
+    pub async fn validate(
+        state: &AppState,
+        principal: &Principal,
+        body: CreateRequest,
+        now: i64,
+    ) -> Result<Draft, ApiError> {
+        let url = longurl::normalize(&body.url)
+            .map_err(|e| ApiError::Invalid("invalid_url", e.to_string()))?;
+        state
+            .destinations
+            .check(&url)
+            .map_err(|e| ApiError::Invalid(e.code(), e.to_string()))?;
+        if let Some(s) = &body.slug {
+            slug::validate_custom(s)
+                .map_err(|e| ApiError::Invalid("invalid_slug", e.to_string()))?;
+        }
+        let domain = crate::hosts::for_create(state, principal, body.domain.as_deref()).await?;
+        not_to_a_branded_domain(state, &url).await?;
+        let expires_at_ms = parse_expiry(body.expires_at.as_deref(), now)?;
+        let alias = body.alias.as_deref().map(validate_alias).transpose()?;
+        let redirect_code = body.redirect_code.unwrap_or(state.settings.redirect_code);
+        if !link::is_redirect_code(redirect_code) {
+            return Err(ApiError::Invalid(
+                "invalid_redirect_code",
+                "redirect_code must be 301, 302, 307 or 308".into(),
+            ));
+        }
+        Ok(Draft {
+            url,
+            slug: body.slug,
+            domain,
+            expires_at_ms,
+            redirect_code,
+            alias,
+        })
+    }
+
+    /// The link key: the slug, or the auto slug of ID `auto`; on a branded domain
+    /// `<domain>/<slug>`.
+    pub fn key(&self, state: &AppState, auto: Option<u64>) -> Result<LinkKey, ApiError> {
+        let slug = match (&self.slug, auto) {
+            (Some(s), _) => s.clone(),
+            (None, Some(id)) => state
+                .codec
+                .encode(id)
+                .map_err(|e| ApiError::Internal(e.to_string()))?,
+            (None, None) => return Err(ApiError::Internal("an auto slug without an ID".into())),
+        };
+        Ok(LinkKey::new(self.domain.as_deref(), &slug))
+    }
+
+    /// What makes two creates the same request (for an idempotency key).
+    fn fingerprint(&self) -> String {
+        sha256_hex(&[
+            &self.url,
+            self.slug.as_deref().unwrap_or(""),
+            self.domain.as_deref().unwrap_or(""),
+            &self
+                .expires_at_ms
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            &self.redirect_code.to_string(),
+            self.alias.as_deref().unwrap_or(""),
+        ])
+    }
+
+    /// Writes the link under `key`. A link already there that carries the same `idem` is an
+    /// earlier attempt's (a replay); any other is a taken slug.
+    pub async fn insert(
+        self,
+        state: &AppState,
+        principal: &Principal,
+        key: LinkKey,
+        idem: Option<String>,
+        now: i64,
+    ) -> Result<Created, ApiError> {
+        let custom = self.slug.is_some();
+        let new = Link {
+            key,
+            url: self.url,
+            owner: principal.owner.clone(),
+            status: LinkStatus::Active,
+            redirect_code: self.redirect_code,
+            created_at_ms: now,
+            expires_at_ms: self.expires_at_ms,
+            version: 1,
+            idem: idem.clone(),
+            disabled_by: None,
+            alias: self.alias,
+        };
+        let existing =
+            match write::insert(&state.store, state.events.uses_outbox(), &new, now).await? {
+                Inserted::Taken(existing) => existing,
+                Inserted::Created => {
+                    state.cache.forget_local(&new.key).await;
+                    state
+                        .events
+                        .link_changed(link_event(LinkEventKind::Created, &new, now));
+                    tracing::info!(slug = %new.key, owner = ?new.owner, "link created");
+                    return Ok(Created {
+                        link: new,
+                        replayed: false,
+                    });
+                }
+            };
+        if idem.is_some() && existing.idem == idem {
             return Ok(Created {
-                link: new,
-                replayed: false,
+                link: existing,
+                replayed: true,
             });
         }
-    };
-    if idem.is_some() && existing.idem == idem {
-        return Ok(Created {
-            link: existing,
-            replayed: true,
-        });
+        if custom {
+            return Err(ApiError::Conflict(
+                "slug_taken",
+                "this slug is already taken".into(),
+            ));
+        }
+        // Auto slugs cannot collide unless the slug key changed under existing links.
+        Err(ApiError::Internal(format!(
+            "auto slug {:?} already exists; was ZLINK_SLUG_KEY changed?",
+            new.key
+        )))
     }
-    if body.slug.is_some() {
-        return Err(ApiError::Conflict(
-            "slug_taken",
-            "this slug is already taken".into(),
-        ));
-    }
-    // Auto slugs cannot collide unless the slug key changed under existing links.
-    Err(ApiError::Internal(format!(
-        "auto slug {:?} already exists; was ZLINK_SLUG_KEY changed?",
-        new.key
-    )))
 }
 
 /// The principal of a link write, admitted under the write limits: per client address before

@@ -1,16 +1,20 @@
 //! `POST /api/v1/links/bulk` with `{"links": [...]}`: up to [`MAX_ITEMS`] creates in one
 //! request, each item the body of a single create, each with its own result in the item's
 //! order. An item that fails (bad input, slug taken, a dependency down, over the key's write
-//! limit) fails alone; the others are created. With an `Idempotency-Key`, item `i` is created
-//! under the key `<key>#<i>`: retrying the whole request returns the same links (replays),
-//! and creates only what the first attempt did not.
+//! limit) fails alone; the others are created. With an `Idempotency-Key` the request makes one
+//! claim for the whole body ([`claim_bulk`]: its fingerprint and the block of IDs its auto slugs
+//! take, item `i` the block's `i`-th), and item `i`'s link records `<key>#<i>` as its `idem`:
+//! retrying the whole request returns the same links (replays) and creates only what the first
+//! attempt did not, at one compare-and-set per request instead of one per item.
 //!
 //! The request is never answered 503 as a whole while its items succeed: the items get the
 //! request deadline less a margin for the answer ([`items_deadline`]); an item not started by
 //! then, or still writing then, answers `503 timeout` on its own (the ones still writing may
 //! or may not exist: a retry with the same `Idempotency-Key` tells), the rest their results.
 
-use crate::api::{create_link, link_json, CreateRequest, Created};
+use crate::api::{
+    claim, create_link, item_idem, link_json, sha256_hex, CreateRequest, Created, Draft,
+};
 use crate::app::{AppState, Limit};
 use crate::auth::Principal;
 use crate::body::{idempotency_key, read_json};
@@ -59,6 +63,10 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
     let admitted = state.admit_writes(&principal, n)?;
     let deadline = items_deadline(started, state.settings.request_timeout);
     let now = state.clock.now_ms();
+    let block = match idem_key.as_deref() {
+        Some(k) => claim_bulk(state, &principal, k, &body.links, now).await?,
+        None => None,
+    };
     let results: Vec<Result<Created, ApiError>> = stream::iter(body.links.into_iter().enumerate())
         .map(|(i, item)| {
             let (principal, idem_key) = (&principal, idem_key.as_deref());
@@ -70,8 +78,7 @@ pub async fn create(state: &AppState, req: Request<Incoming>) -> Result<Resp, Ap
                 if tokio::time::Instant::now() >= deadline {
                     return Err(ApiError::Timeout);
                 }
-                let item =
-                    create_item(state, principal, item, idem_key.map(|k| format!("{k}#{i}")));
+                let item = create_item(state, principal, item, idem_key.map(|k| (k, i)), block);
                 tokio::time::timeout_at(deadline, item)
                     .await
                     .unwrap_or(Err(ApiError::Timeout))
@@ -144,15 +151,61 @@ fn items_deadline(
     started + request_timeout.saturating_sub(margin)
 }
 
+/// The one idempotency claim of a bulk request under `idem_key`: the body's fingerprint and,
+/// when an item has no custom slug, the first ID of a block leased for the request (item `i`'s
+/// auto slug is the block's `i`-th ID). A retry (same key, same body) gets the first attempt's
+/// block, so each item converges on the link the first attempt made for it; the same key with
+/// another body is refused as a whole (422), nothing written. A retry leases a block it then
+/// leaves unused: a gap in the IDs, never an ID issued twice.
+async fn claim_bulk(
+    state: &AppState,
+    principal: &Principal,
+    idem_key: &str,
+    links: &[serde_json::Value],
+    now: i64,
+) -> Result<Option<u64>, ApiError> {
+    let body = serde_json::to_string(links).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let fingerprint = sha256_hex(&["bulk", &body]);
+    let auto = links
+        .iter()
+        .any(|l| !l.get("slug").is_some_and(serde_json::Value::is_string));
+    let block = match auto {
+        true => Some(state.ids.lease_block(links.len() as u64).await?.start),
+        false => None,
+    };
+    let claimed = format!("bulk:{}", block.map(|b| b.to_string()).unwrap_or_default());
+    let Some(won) = claim(state, principal, idem_key, &claimed, &fingerprint, now).await? else {
+        return Ok(block);
+    };
+    match won.strip_prefix("bulk:") {
+        Some("") => Ok(None),
+        Some(start) => start
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::Internal(format!("bulk claim {won:?} has no block"))),
+        None => Err(ApiError::Internal(format!("claim {won:?} is not a bulk's"))),
+    }
+}
+
+/// Item `i` of the request: with an idempotency key (`idem`: the key and `i`) created under
+/// its custom slug or the block's `i`-th ID, else as a single create.
 async fn create_item(
     state: &AppState,
     principal: &Principal,
     item: serde_json::Value,
-    idem_key: Option<String>,
+    idem: Option<(&str, usize)>,
+    block: Option<u64>,
 ) -> Result<Created, ApiError> {
     let body: CreateRequest = serde_json::from_value(item)
         .map_err(|e| ApiError::Invalid("invalid_request", e.to_string()))?;
-    create_link(state, principal, body, idem_key.as_deref()).await
+    let Some((idem_key, i)) = idem else {
+        return create_link(state, principal, body, None).await;
+    };
+    let now = state.clock.now_ms();
+    let draft = Draft::validate(state, principal, body, now).await?;
+    let key = draft.key(state, block.map(|b| b + i as u64))?;
+    let idem = item_idem(principal, &format!("{idem_key}#{i}"));
+    draft.insert(state, principal, key, Some(idem), now).await
 }
 
 #[cfg(test)]

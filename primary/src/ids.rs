@@ -37,6 +37,11 @@ impl IdAllocator {
         cur.start += 1;
         Ok(id)
     }
+
+    /// `n` consecutive IDs of their own (a bulk create's, so that its retries find them again).
+    pub async fn lease_block(&self, n: u64) -> Result<Range<u64>, StoreError> {
+        self.store.ids.lease(COUNTER, n).await
+    }
 }
 
 /// Which auto-slug IDs have been handed out, so that a scan of random auto-shaped slugs is

@@ -151,6 +151,35 @@ async fn a_thousand_links_in_one_request_each_with_its_own_result() {
         again_slugs,
         slugs.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>()
     );
+
+    // The key names this request only: another body under it (two items changed), or a single
+    // create under it, is refused as a whole and writes nothing.
+    let mut changed = items.clone();
+    changed[1] = json!({"url": "https://example.com/changed"});
+    changed[2] = json!({"url": "https://example.com/new", "slug": "bulk-not-made"});
+    let r = bulk(
+        &p.base,
+        &alice,
+        &json!({ "links": changed }),
+        Some("bulk-1"),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "idempotency_key_reused", "{err}");
+    let r = client()
+        .post(p.url("/api/v1/links"))
+        .bearer_auth(&alice)
+        .header("idempotency-key", "bulk-1")
+        .json(&json!({"url": "https://example.com/new", "slug": "bulk-not-made"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        get(&p.url("/bulk-not-made")).await.status(),
+        StatusCode::NOT_FOUND
+    );
     p.stop().await;
 }
 
