@@ -111,13 +111,39 @@ async function start() {
 // ------------------------------------------------------------------ create
 async function loadDomains() {
   const sel = $('c-domain');
+  const chosen = sel.value;
   while (sel.options.length > 1) sel.remove(1);
+  const body = $('domains').tBodies[0];
+  body.replaceChildren();
   try {
     const d = await api('GET', '/api/v1/domains');
-    for (const dom of d.domains || []) {
+    const domains = d.domains || [];
+    for (const dom of domains) {
       if (dom.status === 'ACTIVE') sel.append(el('option', { value: dom.domain }, dom.domain));
+      body.append(el('tr', { 'data-domain': dom.domain },
+        el('td', {}, dom.domain),
+        el('td', { class: 'status' }, dom.status === 'PENDING' ? 'PENDING (waits for approval)' : dom.status),
+        el('td', {}, when(dom.created_at))));
     }
+    $('domains-empty').hidden = domains.length > 0;
+    sel.value = [...sel.options].some((o) => o.value === chosen) ? chosen : '';
   } catch (e) { showError(e); }
+}
+
+async function registerDomain(ev) {
+  ev.preventDefault();
+  const out = $('domain-result');
+  out.textContent = '';
+  out.className = '';
+  try {
+    const d = await api('POST', '/api/v1/domains', { domain: $('d-name').value.trim() });
+    out.textContent = d.status === 'ACTIVE' ? `${d.domain} is active` : `${d.domain} is registered and waits for approval`;
+    $('d-name').value = '';
+    await loadDomains();
+  } catch (e) {
+    out.className = 'error';
+    out.textContent = e.message;
+  }
 }
 
 async function create(ev) {
@@ -315,6 +341,7 @@ document.addEventListener('DOMContentLoaded', () => {
   $('signin-form').addEventListener('submit', signIn);
   $('signout').addEventListener('click', () => signOut());
   $('create-form').addEventListener('submit', create);
+  $('domain-form').addEventListener('submit', registerDomain);
   $('search-form').addEventListener('submit', search);
   $('more').addEventListener('click', loadPage);
   $('refresh').addEventListener('click', loadStats);

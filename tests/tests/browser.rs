@@ -236,6 +236,33 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
     b.find("tr[data-slug='owner-page-1']", WAIT).await;
     b.screenshot("owner-list").await;
 
+    // A domain of one's own: registered from the page it waits for an operator; a name that is
+    // not a public domain is refused with the API's reason, and nothing is listed for it.
+    b.type_into(&b.find("#d-name", WAIT).await, "go.olivia.example")
+        .await;
+    b.click(&b.find("#domain-form button", WAIT).await).await;
+    b.wait_text("#domain-result", "waits for approval", WAIT)
+        .await;
+    let pending = b
+        .wait_text(
+            "tr[data-domain='go.olivia.example'] td.status",
+            "PENDING",
+            WAIT,
+        )
+        .await;
+    assert!(pending.starts_with("PENDING"), "{pending}");
+    b.type_into(&b.find("#d-name", WAIT).await, "localhost")
+        .await;
+    b.click(&b.find("#domain-form button", WAIT).await).await;
+    let refused = b.wait_text("#domain-result", "domain", WAIT).await;
+    assert!(!refused.contains("registered"), "{refused}");
+    assert_eq!(
+        b.eval("return document.querySelectorAll('#domains tbody tr').length;")
+            .await,
+        json!(1)
+    );
+    b.screenshot("owner-domains").await;
+
     // A person follows the short link (rung 1): one click.
     lands(&b, &short, &want_dest, &dest, "owner-link-followed").await;
 
@@ -250,8 +277,27 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
     );
     b.screenshot("info-page").await;
 
-    // Back on the page (the key is still in this tab): the click shows in the chart.
+    // An operator approves the domain; back on the page (the key is still in this tab) it is
+    // active and offered for new links.
+    let admin = create_key(&p.state, "ops", true).await;
+    let r = client()
+        .post(p.url("/api/v1/domains/go.olivia.example/approve"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
     b.goto(&page).await;
+    b.wait_text(
+        "tr[data-domain='go.olivia.example'] td.status",
+        "ACTIVE",
+        WAIT,
+    )
+    .await;
+    b.find("#c-domain option[value='go.olivia.example']", WAIT)
+        .await;
+
+    // The click shows in the chart.
     b.click(
         &b.find("tr[data-slug='owner-page-1'] td.actions button", WAIT)
             .await,
