@@ -8,6 +8,8 @@ import http.client, json, os, threading, time, urllib.request, uuid
 
 fe, key = os.environ["ZLINK_FRONTEND"], os.environ["ZLINK_ADMIN_KEY"]
 host = fe.split("//")[1]
+if not host.startswith("127."):
+    raise SystemExit(f"{fe}: load tests target 127.0.0.0/8 only")
 def api(path, body=None, hdr=None):
     h = {"Authorization": "Bearer " + key, "Content-Type": "application/json"}; h.update(hdr or {})
     req = urllib.request.Request(fe + path, method="POST" if body else "GET", headers=h, data=json.dumps(body).encode() if body else None)
