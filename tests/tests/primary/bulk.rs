@@ -354,22 +354,7 @@ async fn a_bulk_past_its_deadline_answers_each_item_and_a_retry_finishes_it() {
     }
     // late-99 and late-990..999: eleven links, none twice (a filtered list may spread them over
     // pages: every page is followed).
-    let mut slugs = Vec::new();
-    let mut cursor = String::new();
-    for _ in 0..100 {
-        let page: Value = get_json(
-            &p.url(&format!("/api/v1/links?limit=100&q=late-99{cursor}")),
-            &alice,
-        )
-        .await;
-        for l in page["links"].as_array().unwrap() {
-            slugs.push(l["slug"].as_str().unwrap().to_string());
-        }
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = format!("&cursor={c}"),
-            None => break,
-        }
-    }
+    let mut slugs = super::listing::list_all(&p.base, &alice, "limit=100&q=late-99").await;
     slugs.sort();
     let mut want: Vec<String> = std::iter::once(99)
         .chain(990..1000)

@@ -14,7 +14,7 @@ async fn list(base: &str, key: &str, query: &str) -> (StatusCode, Value) {
 }
 
 /// Every page of a list, following `next_cursor`: the slugs in order.
-async fn list_all(base: &str, key: &str, query: &str) -> Vec<String> {
+pub(super) async fn list_all(base: &str, key: &str, query: &str) -> Vec<String> {
     let mut slugs = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..100 {
