@@ -132,6 +132,8 @@ pub fn default_hosts(names: &[&str]) -> String {
 /// (the same renderer `up` uses) and checked with `nginx -t` before it starts.
 pub struct OwnNginx {
     pub base: String,
+    /// `https://127.0.0.1:<tls port>`: the same server over TLS (the test CA's certificate).
+    pub https_base: String,
     pub dir: TempDir,
     child: std::process::Child,
 }
@@ -144,12 +146,63 @@ pub fn nginx_bin() -> String {
         .to_string()
 }
 
-/// Renders `template` (a file of `nginx/`) into `dir` with `values` plus RUN, LOGS and LISTEN,
-/// and runs `nginx -t` on it. Returns the config path.
+/// The tests' certificate authority (`zlink_xtask::tls`, as `up`'s): one per test process,
+/// its `ca.crt` the one root the tests' HTTPS clients and the browser trust.
+pub fn test_ca() -> &'static std::path::Path {
+    static CA: std::sync::OnceLock<TempDir> = std::sync::OnceLock::new();
+    CA.get_or_init(|| {
+        let dir = TempDir::new("ca");
+        zlink_xtask::tls::ensure_ca(dir.path()).expect("test CA");
+        dir
+    })
+    .path()
+}
+
+/// The CA's certificate file.
+pub fn test_ca_cert() -> std::path::PathBuf {
+    zlink_xtask::tls::ca_cert(test_ca())
+}
+
+/// Who reads a certificate besides its owner: nginx's workers, `nobody` when the tests run as
+/// root (as in CI), else the owner itself.
+fn nginx_readers() -> zlink_xtask::tls::Readers {
+    let id = |args: &[&str]| {
+        std::process::Command::new("id")
+            .args(args)
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    };
+    match (id(&["-u"]), id(&["-g", "nobody"])) {
+        (Some(0), Some(gid)) => zlink_xtask::tls::Readers::Group(gid),
+        _ => zlink_xtask::tls::Readers::Owner,
+    }
+}
+
+/// Issues a certificate from the test CA for `names` into `tls_dir`: the default domain's
+/// (`tls-combined.pem`) when `domain` is None, else `<domain>/tls-combined.pem`.
+pub fn issue_cert(tls_dir: &std::path::Path, domain: Option<&str>, names: &[&str], days: i64) {
+    let out = match domain {
+        Some(d) => tls_dir.join(d).join("tls-combined.pem"),
+        None => tls_dir.join("tls-combined.pem"),
+    };
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    zlink_xtask::tls::issue(test_ca(), &out, &names, days, nginx_readers())
+        .unwrap_or_else(|e| panic!("issuing {names:?}: {e:#}"));
+}
+
+/// The names on every test nginx's default certificate.
+pub const DEFAULT_CERT_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "go.zlink.test"];
+
+/// Renders `template` (a file of `nginx/`) into `dir` with `values` plus RUN, LOGS, LISTEN and
+/// HTTPS (TLS_LISTEN on `tls_port`, the default certificate from the test CA in `dir/tls`), and
+/// runs `nginx -t` on it. Returns the config path.
 pub fn render_nginx(
     template: &str,
     dir: &std::path::Path,
     port: u16,
+    tls_port: u16,
     values: &[(&str, String)],
 ) -> std::path::PathBuf {
     let logs = dir.join("logs");
@@ -175,6 +228,25 @@ pub fn render_nginx(
     if !values.iter().any(|(k, _)| *k == "STATUS_LISTEN") {
         all.push(("STATUS_LISTEN".into(), format!("127.0.0.1:{}", free_port())));
     }
+    let tls_dir = dir.join("tls");
+    issue_cert(&tls_dir, None, &DEFAULT_CERT_NAMES, 30);
+    let given = |k: &str| values.iter().any(|(n, _)| *n == k);
+    all.push(("TLS_LISTEN".into(), format!("127.0.0.1:{tls_port}")));
+    all.push(("TLS_DIR".into(), tls_dir.display().to_string()));
+    all.push((
+        "HTTPS_PORTS".into(),
+        format!("        {port} \":{tls_port}\";"),
+    ));
+    if !given("HTTPS_ONLY") {
+        all.push(("HTTPS_ONLY".into(), "off".into()));
+    }
+    if template == "frontend.conf" {
+        all.push(("TLS_CA".into(), test_ca_cert().display().to_string()));
+        all.push(("LASTRESORT_TLS_NAME".into(), "localhost".into()));
+        if !given("DEFAULT_HOSTS") {
+            all.push(("DEFAULT_HOSTS".into(), String::new()));
+        }
+    }
     all.extend(values.iter().map(|(k, v)| (k.to_string(), v.clone())));
     zlink_xtask::nginx::render_to(&repo_root().join("nginx").join(template), &out, &all)
         .unwrap_or_else(|e| panic!("rendering {template}: {e:#}"));
@@ -199,7 +271,8 @@ impl OwnNginx {
     pub async fn start(template: &str, values: &[(&str, String)]) -> OwnNginx {
         let dir = TempDir::new("nginx");
         let port = free_port();
-        let conf = render_nginx(template, dir.path(), port, values);
+        let tls_port = free_port();
+        let conf = render_nginx(template, dir.path(), port, tls_port, values);
         let child = std::process::Command::new(nginx_bin())
             .arg("-p")
             .arg(dir.path())
@@ -218,11 +291,30 @@ impl OwnNginx {
             eventually_ok(&format!("{base}/nginx-health"), Duration::from_secs(10)).await,
             "nginx {template} up"
         );
-        OwnNginx { base, dir, child }
+        OwnNginx {
+            base,
+            https_base: format!("https://127.0.0.1:{tls_port}"),
+            dir,
+            child,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    pub fn https_url(&self, path: &str) -> String {
+        format!("{}{path}", self.https_base)
+    }
+
+    /// `host:port` of its HTTPS listener (an upstream for a frontend's failover hop).
+    pub fn tls_hostport(&self) -> String {
+        self.https_base.trim_start_matches("https://").to_string()
+    }
+
+    /// Its certificate directory: a test places a branded domain's certificate here.
+    pub fn tls_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("tls")
     }
 
     /// A log file of this nginx (under its `logs/`).

@@ -84,7 +84,7 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
             ),
             (
                 "LASTRESORT_HOST_SERVERS",
-                upstream_servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
+                upstream_servers(&[lr_nginx.tls_hostport()], "max_fails=1 fail_timeout=5s"),
             ),
         ],
     )

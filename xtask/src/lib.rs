@@ -10,7 +10,8 @@
 //!   rendered from it (Prometheus and Alertmanager configuration, Toxiproxy proxy lists);
 //! - [`alerts`]: the local Alertmanager webhook receiver;
 //! - [`docker`]: static checks of the container images' Dockerfile;
-//! - [`manifests`]: the generated files of the Kubernetes and Compose manifests.
+//! - [`manifests`]: the generated files of the Kubernetes and Compose manifests;
+//! - [`tls`]: the local certificate authority and the certificates it issues.
 
 pub mod alerts;
 pub mod bench;
@@ -20,6 +21,7 @@ pub mod docker;
 pub mod layers;
 pub mod manifests;
 pub mod nginx;
+pub mod tls;
 pub mod topology;
 
 /// The workspace the tests run in. Read at run time (cargo sets `CARGO_MANIFEST_DIR` for the

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use zlink_xtask::{
-    alerts, bench, benchcores, benchrun, docker, layers, manifests, nginx, topology,
+    alerts, bench, benchcores, benchrun, docker, layers, manifests, nginx, tls, topology,
 };
 
 #[derive(Parser)]
@@ -40,6 +40,30 @@ enum TopologyCmd {
     },
     /// Toxiproxy's proxy list (JSON) from NAME LISTEN UPSTREAM lines on stdin.
     Proxies,
+}
+
+#[derive(Subcommand)]
+enum TlsCmd {
+    /// Make DIR/ca.crt and DIR/ca.key unless both are there.
+    Ca {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Issue a server certificate for NAMES (DNS names, IP addresses; the first is its common
+    /// name) signed by the CA in --ca-dir: certificate and key in one PEM file, OUT.
+    Issue {
+        #[arg(long)]
+        ca_dir: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 90)]
+        days: i64,
+        /// A group (id) that may read the file too: nginx's workers'.
+        #[arg(long)]
+        group: Option<u32>,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -117,6 +141,9 @@ enum Cmd {
     },
     /// The Alertmanager webhook receiver: append alerts to FILE as JSON lines.
     AlertReceiver { port: u16, file: PathBuf },
+    /// The local certificate authority (xtask/src/tls.rs).
+    #[command(subcommand)]
+    Tls(TlsCmd),
     /// wrk against URL over the slugs of SLUGS while sampling the CPU time of --procs
     /// (NAME=PID,...; descendants included): one RESULT line with CPU µs per request each.
     Load {
@@ -252,6 +279,17 @@ fn main() -> Result<()> {
             sample,
         } => rt()?.block_on(bench::replication(n, concurrency, rate, sample)),
         Cmd::AlertReceiver { port, file } => rt()?.block_on(alerts::serve(port, file)),
+        Cmd::Tls(TlsCmd::Ca { dir }) => tls::ensure_ca(&dir).map(|_| ()),
+        Cmd::Tls(TlsCmd::Issue {
+            ca_dir,
+            out,
+            days,
+            group,
+            names,
+        }) => {
+            let readers = group.map_or(tls::Readers::Owner, tls::Readers::Group);
+            tls::issue(&ca_dir, &out, &names, days, readers)
+        }
         Cmd::Load {
             step,
             url,

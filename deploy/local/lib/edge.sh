@@ -31,17 +31,24 @@ zl_render_nginx() {
   local name="$1" out="$ZLINK_RUN/nginx/$1.conf" servers="" backups="" i
   local ft="${ZLINK_NGINX_FAIL_TIMEOUT:-5s}" overrides
   mkdir -p "$ZLINK_RUN/nginx" "$ZLINK_RUN/$name-tmp" "$ZLINK_RUN/logs"
-  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")" "MODULES=$(zl_nginx_modules)")
+  local site="${name#nginx-}"
+  zl_tls_ensure || return 1
+  local common=("RUN=$ZLINK_RUN" "LOGS=$ZLINK_RUN/logs" "LISTEN=127.0.0.1:$(zl_port "$name")" "MODULES=$(zl_nginx_modules)"
+    "TLS_LISTEN=127.0.0.1:$(zl_port "$name-tls")" "SITE_TLS_LISTEN=listen $(zl_site_addr "$site"):$(zl_port site-tls);"
+    "TLS_DIR=$(zl_tls_site_dir "$site")" "HTTPS_ONLY=$(zl_https_only)" "DEFAULT_HOSTS=$(zl_default_hosts_map)"
+    "HTTPS_PORTS=$(printf '        %s ":%s";\n        %s ":%s";' "$(zl_port "$name")" "$(zl_port "$name-tls")" "$(zl_port site)" "$(zl_port site-tls)")")
   case "$name" in
     nginx-frontend)
       mapfile -t overrides < <(zl_nginx_overrides FRONTEND)
       for ((i = 1; i <= PRIMARY_COUNT; i++)); do
         servers+="        server $(zl_addr "primary-$i") max_fails=1 fail_timeout=$ft;"$'\n'
       done
-      backups="        server 127.0.0.1:$(zl_port nginx-lastresort) max_fails=1 fail_timeout=$ft;"
+      # The failover hop between sites is HTTPS (the host's certificate verified against the CA).
+      backups="        server 127.0.0.1:$(zl_port nginx-lastresort-tls) max_fails=1 fail_timeout=$ft;"
       "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/frontend.conf" "$out" "${common[@]}" \
         "SITE_LISTEN=listen $(zl_site_addr frontend):$(zl_port site);" "PRIMARY_SERVERS=${servers%$'\n'}" "LASTRESORT_HOST_SERVERS=$backups" \
         "RATE_LIMIT_EXEMPT=$ZLINK_LOAD_GENERATOR" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-frontend-status)" \
+        "TLS_CA=$(zl_tls_ca)" "LASTRESORT_TLS_NAME=$ZLINK_DNS_NAME" \
         "${overrides[@]}" >&2 || return 1
       ;;
     nginx-lastresort)
@@ -56,7 +63,6 @@ zl_render_nginx() {
         "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
         "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
-        "DEFAULT_HOSTS=$(zl_default_hosts_map)" \
         "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
         "RUNG3_PROBE_UPSTREAM=127.0.0.1:$(zl_port nginx-lastresort)" \
         "${overrides[@]}" >&2 || return 1
@@ -79,6 +85,73 @@ zl_start_nginx() {
 }
 zl_ready_nginx() { [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$(zl_port "$1")/nginx-health")" == 200 ]]; }
 ZL_TIMEOUT_nginx=10
+
+# ---------------------------------------------------------------- certificates
+# HTTPS on both tiers (docs/design/tls.md). A local CA, made once per run dir by `zlink-xtask
+# tls ca` and kept ($ZLINK_RUN/tls/ca.crt: the file the endpoints name and the tests and the
+# browser trust), stands in for ACME. Each site has its own certificate directory, as separate
+# hosts would: tls-combined.pem for the default domain (its names, localhost and the sites'
+# addresses), <domain>/tls-combined.pem for a branded domain (`ctl tls issue DOMAIN`). nginx
+# reads them at each handshake, so a new or renewed file needs no reload.
+# ZLINK_HTTPS_ONLY=on: plain HTTP answers 308 to HTTPS on both tiers (off locally by default:
+# the tests and the benchmarks speak both).
+zl_https_only() { if [[ "${ZLINK_HTTPS_ONLY:-off}" == on ]]; then echo on; else echo off; fi; }
+zl_tls_ca() { echo "$ZLINK_RUN/tls/ca.crt"; }
+zl_tls_sites() { echo frontend lastresort; }
+zl_tls_site_dir() { echo "$ZLINK_RUN/tls/sites/$1"; }
+ZLINK_TLS_DAYS="${ZLINK_TLS_DAYS:-90}"
+zl_tls_default_names() {
+  echo ${ZLINK_SHORT_DOMAINS//,/ } localhost 127.0.0.1 "$(zl_site_addr frontend)" "$(zl_site_addr lastresort)"
+}
+# zl_tls_issue SITE DOMAIN|"" NAME...: a certificate from the local CA into SITE's directory;
+# readable by nginx's workers (as root they run as nobody) and its owner only.
+zl_tls_issue() {
+  local site="$1" domain="$2" out group=()
+  shift 2
+  out="$(zl_tls_site_dir "$site")/${domain:+$domain/}tls-combined.pem"
+  [[ "$(id -u)" == 0 ]] && group=(--group "$(id -g nobody)")
+  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$out" --days "$ZLINK_TLS_DAYS" "${group[@]}" "$@"
+}
+# The CA, and each site's default certificate where it is missing.
+zl_tls_ensure() {
+  local site
+  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
+  for site in $(zl_tls_sites); do
+    [[ -f "$(zl_tls_site_dir "$site")/tls-combined.pem" ]] && continue
+    # shellcheck disable=SC2046
+    zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
+  done
+}
+
+# A branded domain's certificate on every site (what ACME does in production), once the domain
+# is a well-formed name; nginx serves it from the next handshake.
+zl_tls_issue_domain() {
+  local domain="${1,,}" site
+  zl_is_domain "$domain" || zl_die "not a domain name: '$1'"
+  zl_tls_ensure || return 1
+  for site in $(zl_tls_sites); do zl_tls_issue "$site" "$domain" "$domain" || return 1; done
+  zl_log "certificate for $domain on every site ($(zl_tls_sites))"
+}
+# Every certificate issued again (the same names), as a renewal: files replaced atomically.
+zl_tls_renew() {
+  local site dir f domain
+  zl_tls_ensure || return 1
+  for site in $(zl_tls_sites); do
+    dir="$(zl_tls_site_dir "$site")"
+    # shellcheck disable=SC2046
+    zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
+    for f in "$dir"/*/tls-combined.pem; do
+      [[ -f "$f" ]] || continue
+      domain="$(basename "$(dirname "$f")")"
+      zl_tls_issue "$site" "$domain" "$domain" || return 1
+    done
+  done
+  zl_log "every certificate renewed on every site"
+}
+# A DNS name as wire::domain accepts one (lower case, dotted labels, a letter in the last).
+zl_is_domain() {
+  [[ ${#1} -le 253 && "$1" =~ ^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]*[a-z-][a-z0-9-]*$ ]]
+}
 
 # ---------------------------------------------------------------- dns (rung 4)
 # The service's DNS name ($ZLINK_DNS_NAME) as the world would resolve it: dnsmasq on

@@ -60,7 +60,7 @@ zl_netns_down() {
 zl_site_ports() {
   local i
   for ((i = 1; i <= LASTRESORT_COUNT; i++)); do zl_port "lastresort-$i"; done
-  zl_port memcached-lr; zl_port nginx-lastresort; zl_port nginx-lastresort-status
+  zl_port memcached-lr; zl_port nginx-lastresort; zl_port nginx-lastresort-tls; zl_port nginx-lastresort-status
 }
 # A gateway's routes, one "NAME LISTEN UPSTREAM" line each. gw-dc: a site port P on the host's
 # 127.0.0.1:P → the site's wan address; Kafka and S3 offered on the dc's ends of the wan and s3

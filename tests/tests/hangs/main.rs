@@ -26,7 +26,8 @@ async fn lastresort_host(infra: &Infra, lrs: &[String], prefix: &str, click_log:
     .await
 }
 
-async fn frontend(primaries: &[String], lastresort_host: &str) -> OwnNginx {
+/// A frontend in front of `primaries`, failing over to `lastresort_host` over HTTPS.
+async fn frontend(primaries: &[String], lastresort_host: &OwnNginx) -> OwnNginx {
     OwnNginx::start(
         "frontend.conf",
         &[
@@ -36,7 +37,10 @@ async fn frontend(primaries: &[String], lastresort_host: &str) -> OwnNginx {
             ),
             (
                 "LASTRESORT_HOST_SERVERS",
-                upstream_servers(&[hostport(lastresort_host)], "max_fails=1 fail_timeout=60s"),
+                upstream_servers(
+                    &[lastresort_host.tls_hostport()],
+                    "max_fails=1 fail_timeout=60s",
+                ),
             ),
         ],
     )
@@ -181,7 +185,7 @@ async fn hung_and_slow_tiers_cost_one_timeout_each_and_every_click_is_counted_on
     let lr_addrs: Vec<String> = lrs.iter().map(|l| hostport(&l.base)).collect();
     let host = lastresort_host(&infra, &lr_addrs, &n.s3_prefix, &click_log).await;
     let p_addrs: Vec<String> = primaries.iter().map(|p| hostport(&p.base)).collect();
-    let fe = frontend(&p_addrs, &host.base).await;
+    let fe = frontend(&p_addrs, &host).await;
     let counter = ServiceProcess::counter(
         &infra,
         &infra.kafka,
@@ -221,7 +225,7 @@ async fn hung_and_slow_tiers_cost_one_timeout_each_and_every_click_is_counted_on
     for (i, p) in p_addrs.iter().enumerate() {
         slow_addrs.push(toxi.proxy(&format!("p{i}"), p).await);
     }
-    let slow_fe = frontend(&slow_addrs, &host.base).await;
+    let slow_fe = frontend(&slow_addrs, &host).await;
     for i in 0..slow_addrs.len() {
         toxi.inject(&format!("p{i}"), Fault::Slow(Duration::from_secs(2)))
             .await;

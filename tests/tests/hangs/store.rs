@@ -50,7 +50,7 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     )
     .await;
     let host = lastresort_host(&infra, &[hostport(&lr.base)], &n.s3_prefix, &click_log).await;
-    let fe = frontend(&[hostport(&p.base)], &host.base).await;
+    let fe = frontend(&[hostport(&p.base)], &host).await;
     let metrics = p.url("/metrics");
     let timeouts = || {
         metric_sum(

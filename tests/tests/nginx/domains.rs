@@ -313,7 +313,7 @@ async fn branded_domain_links_answer_on_rungs_1_2_3_and_unknown_hosts_get_404() 
             ),
             (
                 "LASTRESORT_HOST_SERVERS",
-                upstream_servers(&[hostport(&lr_nginx.base)], "max_fails=1 fail_timeout=5s"),
+                upstream_servers(&[lr_nginx.tls_hostport()], "max_fails=1 fail_timeout=5s"),
             ),
         ],
     )

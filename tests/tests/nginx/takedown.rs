@@ -61,7 +61,7 @@ async fn an_admin_takedown_reaches_every_rung_within_5_s_and_rung_3_answers_410(
         ),
         (
             "LASTRESORT_HOST_SERVERS",
-            upstream_servers(&[hostport(&rung2.base)], "max_fails=1 fail_timeout=5s"),
+            upstream_servers(&[rung2.tls_hostport()], "max_fails=1 fail_timeout=5s"),
         ),
     ]);
     let fe = OwnNginx::start("frontend.conf", &fe_values).await;
