@@ -25,6 +25,9 @@ enum TopologyCmd {
         base: u16,
         #[arg(long, default_value = "5s")]
         interval: String,
+        /// The `tls` job's file of targets (file service discovery).
+        #[arg(long)]
+        tls_targets: Option<PathBuf>,
     },
     /// alertmanager.yml: every alert to the local receiver.
     Alertmanager {
@@ -37,6 +40,9 @@ enum TopologyCmd {
     Blackbox {
         #[arg(long)]
         dns_name: String,
+        /// The CA the `tls_cert` module verifies certificates against.
+        #[arg(long)]
+        ca_file: String,
     },
     /// Toxiproxy's proxy list (JSON) from NAME LISTEN UPSTREAM lines on stdin.
     Proxies,
@@ -213,18 +219,22 @@ fn main() -> Result<()> {
                     root,
                     base,
                     interval,
+                    tls_targets,
                 } => topology::prometheus_yml(
                     &topology::Topology::load(&root)?,
                     &topology::PrometheusSettings {
                         base,
                         interval: &interval,
                         root: &root,
+                        tls_targets: tls_targets.as_deref(),
                     },
                 )?,
                 TopologyCmd::Alertmanager { root, base } => {
                     topology::alertmanager_yml(&topology::Topology::load(&root)?, base)?
                 }
-                TopologyCmd::Blackbox { dns_name } => topology::blackbox_yml(&dns_name)?,
+                TopologyCmd::Blackbox { dns_name, ca_file } => {
+                    topology::blackbox_yml(&dns_name, &ca_file)?
+                }
                 TopologyCmd::Proxies => {
                     topology::proxies_json(&std::io::read_to_string(std::io::stdin())?)?
                 }

@@ -76,6 +76,8 @@ const BLACKBOX: &str = "deploy/k8s/base/generated/blackbox.yml";
 /// The service's DNS name in the overlays (their ZLINK_SHORT_DOMAINS): what rung 4's probe
 /// resolves.
 const K8S_DNS_NAME: &str = "zl.example.com";
+/// The CA bundle of the images (public CAs: certificates come from ACME there).
+const K8S_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const PROMETHEUS_RULE: &str = "deploy/k8s/base/generated/prometheusrule.yaml";
 
 /// The alert rule files wrapped in one PrometheusRule (each file's `groups:` under `spec:`).
@@ -153,7 +155,7 @@ pub fn generate(root: &Path) -> Result<Vec<Generated>> {
         path: BLACKBOX.into(),
         text: format!(
             "{HEADER} zlink_wire::canary (xtask/src/topology.rs)\n{}",
-            crate::topology::blackbox_yml(K8S_DNS_NAME)?
+            crate::topology::blackbox_yml(K8S_DNS_NAME, K8S_CA_FILE)?
         ),
     });
     Ok(out)

@@ -193,6 +193,9 @@ pub struct PrometheusSettings<'a> {
     pub interval: &'a str,
     /// The repository: rules are read from `deploy/prometheus/rules/`.
     pub root: &'a Path,
+    /// The `tls` job's targets (file service discovery: one per site and certificate name,
+    /// rewritten whenever a certificate is issued), if any.
+    pub tls_targets: Option<&'a Path>,
 }
 
 /// Prometheus's configuration: every scraped listener on 127.0.0.1 (the ops network, never
@@ -226,7 +229,28 @@ pub fn prometheus_yml(t: &Topology, s: &PrometheusSettings) -> Result<String> {
     if !t.probes.is_empty() {
         out += &canary_job(t, s.base)?;
     }
+    if let Some(targets) = s.tls_targets {
+        out += &tls_job(t, s.base, targets)?;
+    }
     Ok(out)
+}
+
+/// The `tls` job (docs/design/tls.md): every certificate name on every site, fetched over
+/// HTTPS by the blackbox exporter's `tls_cert` module with that name as the TLS server name
+/// (`hostname`): `probe_success` (the site presents a valid certificate for it) and
+/// `probe_ssl_earliest_cert_expiry` per `site` and `domain`, the labels of each target.
+fn tls_job(t: &Topology, base: u16, targets: &Path) -> Result<String> {
+    let file = serde_json::to_string(targets.to_str().context("path is not UTF-8")?)?;
+    Ok(format!(
+        "  - job_name: tls\n    scrape_interval: 30s\n    scrape_timeout: 5s\n    \
+         metrics_path: /probe\n    params: {{module: [tls_cert]}}\n    \
+         file_sd_configs: [{{files: [{file}]}}]\n    relabel_configs:\n      \
+         - {{source_labels: [domain], target_label: __param_hostname}}\n      \
+         - {{source_labels: [__address__], target_label: __param_target}}\n      \
+         - {{source_labels: [__address__], target_label: instance}}\n      \
+         - {{target_label: __address__, replacement: '127.0.0.1:{}'}}\n",
+        t.port(base, "blackbox")?
+    ))
 }
 
 /// The `canary` job: Prometheus asks the blackbox exporter to run each probe's module against
@@ -262,10 +286,17 @@ fn canary_job(t: &Topology, base: u16) -> Result<String> {
 /// for its canary (`zlink_wire::canary`): rung 1 a 302 to canary 1 from `primary`; rung 2 a
 /// 302 to canary 2 from `lastresort`; rung 3 the S3 page (200, a meta refresh to canary 3)
 /// from `lastresort-nginx`; rung 4 an A record for the service's DNS name.
-pub fn blackbox_yml(dns_name: &str) -> Result<String> {
+pub fn blackbox_yml(dns_name: &str, ca_file: &str) -> Result<String> {
     use zlink_wire::{blob, canary};
     if !zlink_wire::domain::is_domain(dns_name) {
         bail!("{dns_name:?} is not a DNS name");
+    }
+    if !ca_file.starts_with('/')
+        || !ca_file
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+".contains(&b))
+    {
+        bail!("{ca_file:?} is not an absolute path of letters, digits and /._-+");
     }
     let location = |n: u8| format!("^{}$", regex::escape(&canary::url(n)));
     let redirect = |n: u8, tier: &str| {
@@ -292,7 +323,11 @@ pub fn blackbox_yml(dns_name: &str) -> Result<String> {
          rung4:\n    prober: dns\n    timeout: 3s\n    dns:\n      query_name: {dns_name}\n      \
          query_type: A\n      transport_protocol: udp\n      preferred_ip_protocol: ip4\n      \
          valid_rcodes: [NOERROR]\n      validate_answer_rrs:\n        \
-         fail_if_not_matches_regexp: ['^{}\\.\\s+\\d+\\s+IN\\s+A\\s+[0-9.]+$']\n",
+         fail_if_not_matches_regexp: ['^{}\\.\\s+\\d+\\s+IN\\s+A\\s+[0-9.]+$']\n  \
+         tls_cert:\n    prober: http\n    timeout: 3s\n    http:\n      method: GET\n      \
+         follow_redirects: false\n      preferred_ip_protocol: ip4\n      \
+         valid_status_codes: [200]\n      fail_if_not_ssl: true\n      \
+         tls_config: {{ca_file: '{ca_file}'}}\n",
         redirect(1, "primary"),
         redirect(2, "lastresort"),
         regex::escape(dns_name),
@@ -345,6 +380,7 @@ mod tests {
             base: 21000,
             interval: "5s",
             root: &crate::workspace_root(),
+            tls_targets: None,
         };
         prometheus_yml(t, &settings).unwrap()
     }
@@ -379,10 +415,18 @@ mod tests {
                 base: 1000,
                 interval: "5s",
                 root: Path::new("/r"),
+                tls_targets: Some(Path::new("/run/tls-targets.json")),
             },
         )
         .unwrap();
         assert!(yml.contains("rule_files:\n  - \"/r/deploy/prometheus/rules/*.yml\"\n"));
+        assert!(yml.contains(
+            "  - job_name: tls\n    scrape_interval: 30s\n    scrape_timeout: 5s\n    \
+             metrics_path: /probe\n    params: {module: [tls_cert]}\n    \
+             file_sd_configs: [{files: [\"/run/tls-targets.json\"]}]\n"
+        ));
+        assert!(yml.contains("- {source_labels: [domain], target_label: __param_hostname}\n"));
+        assert!(yml.contains("replacement: '127.0.0.1:1165'}\n"));
         assert!(yml.contains("targets: ['127.0.0.1:1161']}]\n"));
         assert!(yml.contains(
             "  - job_name: nginx\n    static_configs:\n      - targets: ['127.0.0.1:1163']\n        \
@@ -413,6 +457,7 @@ mod tests {
                 base: 1000,
                 interval: "5s\n- x",
                 root: Path::new("/r"),
+                tls_targets: None,
             }
         )
         .is_err());
@@ -448,7 +493,7 @@ mod tests {
 
     #[test]
     fn blackbox_modules_check_status_destination_and_tier_of_each_rung() {
-        let yml = blackbox_yml("go.zlink.test").unwrap();
+        let yml = blackbox_yml("go.zlink.test", "/run/ca.crt").unwrap();
         for rung in ["rung1", "rung2", "rung3", "rung4"] {
             assert!(yml.contains(&format!("\n  {rung}:\n")), "{rung}");
         }
@@ -460,8 +505,12 @@ mod tests {
             "fail_if_body_not_matches_regexp: ['content=\"0; url=https://canary\\.zlink\\.invalid/3\"']"
         ));
         assert!(yml.contains("query_name: go.zlink.test\n"));
-        assert!(blackbox_yml("go zlink").is_err());
-        assert!(blackbox_yml("x'.example").is_err());
+        assert!(yml.contains("\n  tls_cert:\n"));
+        assert!(yml.contains("tls_config: {ca_file: '/run/ca.crt'}\n"));
+        assert!(blackbox_yml("go zlink", "/c").is_err());
+        assert!(blackbox_yml("x'.example", "/c").is_err());
+        assert!(blackbox_yml("go.zlink.test", "/c'").is_err());
+        assert!(blackbox_yml("go.zlink.test", "c").is_err());
     }
 
     #[test]

@@ -121,6 +121,29 @@ zl_tls_ensure() {
     # shellcheck disable=SC2046
     zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
   done
+  zl_tls_targets
+}
+# The `tls` scrape job's targets (Prometheus file service discovery, re-read on change): each
+# site's HTTPS listener once per name it holds a certificate for (the short domains, and every
+# branded domain with a file), labelled site and domain.
+zl_tls_targets() {
+  local out="$ZLINK_RUN/prometheus/tls-targets.json" site f d sep="" names
+  mkdir -p "$ZLINK_RUN/prometheus"
+  {
+    echo "["
+    for site in $(zl_tls_sites); do
+      names="${ZLINK_SHORT_DOMAINS//,/ }"
+      for f in "$(zl_tls_site_dir "$site")"/*/tls-combined.pem; do
+        [[ -f "$f" ]] && names+=" $(basename "$(dirname "$f")")"
+      done
+      for d in $names; do
+        printf '%s  {"targets": ["https://127.0.0.1:%s/nginx-health"], "labels": {"site": "%s", "domain": "%s"}}' \
+          "$sep" "$(zl_port "nginx-$site-tls")" "$site" "${d,,}"
+        sep=$',\n'
+      done
+    done
+    printf '\n]\n'
+  } >"$out.tmp" && mv "$out.tmp" "$out"
 }
 
 # A branded domain's certificate on every site (what ACME does in production), once the domain
@@ -130,6 +153,7 @@ zl_tls_issue_domain() {
   zl_is_domain "$domain" || zl_die "not a domain name: '$1'"
   zl_tls_ensure || return 1
   for site in $(zl_tls_sites); do zl_tls_issue "$site" "$domain" "$domain" || return 1; done
+  zl_tls_targets
   zl_log "certificate for $domain on every site ($(zl_tls_sites))"
 }
 # Every certificate issued again (the same names), as a renewal: files replaced atomically.

@@ -15,7 +15,7 @@ zl_prometheus_config() {
   local dir="$ZLINK_RUN/prometheus"
   mkdir -p "$dir"
   "$(zl_bin zlink-xtask)" topology prometheus --root "$ZLINK_ROOT" --base "$ZLINK_PORT_BASE" \
-    --interval "${ZLINK_SCRAPE_INTERVAL:-5s}" >"$dir/prometheus.yml.tmp" || return 1
+    --interval "${ZLINK_SCRAPE_INTERVAL:-5s}" --tls-targets "$dir/tls-targets.json" >"$dir/prometheus.yml.tmp" || return 1
   promtool check config "$dir/prometheus.yml.tmp" >>"$(zl_logfile prometheus)" 2>&1 ||
     { zl_log "prometheus config invalid; see $(zl_logfile prometheus)"; return 1; }
   mv "$dir/prometheus.yml.tmp" "$dir/prometheus.yml"
@@ -62,7 +62,8 @@ ZL_TIMEOUT_nginx_exporter=10
 zl_start_blackbox() {
   local dir="$ZLINK_RUN/blackbox"
   mkdir -p "$dir"
-  "$(zl_bin zlink-xtask)" topology blackbox --dns-name "$ZLINK_DNS_NAME" >"$dir/blackbox.yml" || return 1
+  zl_tls_ensure || return 1
+  "$(zl_bin zlink-xtask)" topology blackbox --dns-name "$ZLINK_DNS_NAME" --ca-file "$(zl_tls_ca)" >"$dir/blackbox.yml" || return 1
   prometheus-blackbox-exporter --config.check --config.file="$dir/blackbox.yml" >>"$(zl_logfile blackbox)" 2>&1 ||
     { zl_log "blackbox config invalid; see $(zl_logfile blackbox)"; return 1; }
   zl_spawn blackbox prometheus-blackbox-exporter --config.file="$dir/blackbox.yml" \

@@ -255,7 +255,10 @@ async fn the_ladder_through_real_nginx_rungs_1_2_3_and_rung_3_clicks_counted_onc
         .map(|l| l["uri"].as_str().unwrap())
         .collect();
     for (slug, _) in &links {
-        assert!(rung3.contains(format!("/{slug}").as_str()), "{slug}: {rung3:?}");
+        assert!(
+            rung3.contains(format!("/{slug}").as_str()),
+            "{slug}: {rung3:?}"
+        );
     }
 
     // Lastresort back: it ingests the rung-3 clicks from the nginx log, with their ids.
