@@ -32,12 +32,50 @@ pub struct Browser {
     base: String,
     http: reqwest::Client,
     _profile: TempDir,
+    _home: TempDir,
+}
+
+/// A home directory whose NSS database (`.pki/nssdb`, where Chromium on Linux reads the user's
+/// trust anchors) trusts the test CA for servers, as a person's machine trusts a company CA:
+/// the browser then verifies the test nginx's certificates like any other.
+fn home_trusting_test_ca() -> TempDir {
+    let home = TempDir::new("chromium-home");
+    let db = home.path().join(".pki/nssdb");
+    std::fs::create_dir_all(&db).unwrap();
+    let db = format!("sql:{}", db.display());
+    let certutil = |args: &[&str]| {
+        let out = std::process::Command::new("certutil")
+            .args(args)
+            .output()
+            .expect("certutil (deploy/local/install installs libnss3-tools)");
+        assert!(
+            out.status.success(),
+            "certutil {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    certutil(&["-N", "--empty-password", "-d", &db]);
+    let ca = test_ca_cert().display().to_string();
+    certutil(&[
+        "-A",
+        "-n",
+        "zlink test CA",
+        "-t",
+        "C,,",
+        "-i",
+        &ca,
+        "-d",
+        &db,
+    ]);
+    home
 }
 
 impl Browser {
     pub async fn start(opts: BrowserOptions) -> Browser {
         let port = free_port();
+        let home = home_trusting_test_ca();
         let driver = std::process::Command::new(chromedriver_bin())
+            .env("HOME", home.path())
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdout(std::process::Stdio::null())
@@ -86,6 +124,7 @@ impl Browser {
             base,
             http,
             _profile: profile,
+            _home: home,
         };
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",

@@ -44,7 +44,9 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
     let dest = Destination::start().await;
     let (ks, n, topic) = pipeline_keyspace(&infra).await;
     let mut flags = kafka_flags(&infra, &n, &topic).to_vec();
-    let base = format!("http://{SHORT}");
+    // Short links are HTTPS, as people share them: the browser trusts the test CA only through
+    // its NSS database and verifies each rung's certificate for the name.
+    let base = format!("https://{SHORT}");
     flags.extend(["--public-base-url", &base]);
     let p1 = spawn_primary(&infra, &ks, &flags, None).await;
     let p2 = spawn_primary(&infra, &ks, &flags, None).await;
@@ -86,14 +88,16 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
                 "LASTRESORT_HOST_SERVERS",
                 upstream_servers(&[lr_nginx.tls_hostport()], "max_fails=1 fail_timeout=5s"),
             ),
+            ("DEFAULT_HOSTS", default_hosts(&[SHORT])),
         ],
     )
     .await;
 
-    // Two browsers whose DNS sends the short domain to the frontend: JavaScript on and off.
+    // Two browsers whose DNS sends the short domain to the frontend's HTTPS listener:
+    // JavaScript on and off.
     let mut via_frontend = Vec::new();
     for js in ["js", "nojs"] {
-        let mut o = browser_hosts(&hostport(&fe.base), &dest);
+        let mut o = browser_hosts(&fe.tls_hostport(), &dest);
         o.no_javascript = js == "nojs";
         via_frontend.push((js, Browser::start(o).await));
     }
@@ -112,7 +116,7 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
     // Rung 4: the DNS name moved to the last-resort host (the frontend's site is gone).
     let mut direct = Vec::new();
     for js in ["js", "nojs"] {
-        let mut o = browser_hosts(&hostport(&lr_nginx.base), &dest);
+        let mut o = browser_hosts(&lr_nginx.tls_hostport(), &dest);
         o.no_javascript = js == "nojs";
         let b = Browser::start(o).await;
         let (short, url) = &links[&("4", js)];
@@ -176,7 +180,8 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
     let dest = Destination::start().await;
     let (ks, n, topic) = pipeline_keyspace(&infra).await;
     let mut flags = kafka_flags(&infra, &n, &topic).to_vec();
-    let base = format!("http://{SHORT}");
+    // The page over HTTPS, as its owners use it (the certificate verified by the browser).
+    let base = format!("https://{SHORT}");
     flags.extend(["--public-base-url", &base]);
     let p = spawn_primary(&infra, &ks, &flags, None).await;
     let group = format!("counter-{ks}");
@@ -192,10 +197,11 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
                 upstream_servers(&[hostport(&p.base)], "max_fails=1 fail_timeout=5s"),
             ),
             ("LASTRESORT_HOST_SERVERS", dead_server()),
+            ("DEFAULT_HOSTS", default_hosts(&[SHORT])),
         ],
     )
     .await;
-    let b = Browser::start(browser_hosts(&hostport(&fe.base), &dest)).await;
+    let b = Browser::start(browser_hosts(&fe.tls_hostport(), &dest)).await;
     let page = format!("{base}/dashboard/");
 
     // Signing in with a wrong key says so and shows nothing else.
