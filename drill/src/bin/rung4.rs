@@ -11,6 +11,9 @@
 //!    name, and the frontend's address no longer answers;
 //! 5. the frontend back, DNS → frontend: rung 1 again.
 //!
+//! With `--tls-port` each step is checked over HTTPS too, as a browser following an `https://`
+//! link would: the certificate the site presents for the name verified against `--ca-file`.
+//!
 //! Exit status 0 when every step gave the right answer. Only 127.0.0.0/8 (and the project's
 //! own network namespaces' 10.231.0.0/16) is contacted.
 
@@ -37,6 +40,12 @@ struct Args {
     /// The port both sites serve the name on.
     #[arg(long)]
     port: u16,
+    /// The port both sites serve the name on over HTTPS (none: HTTP only).
+    #[arg(long, requires = "ca_file")]
+    tls_port: Option<u16>,
+    /// The CA that issued the sites' certificates (PEM), the only one trusted.
+    #[arg(long)]
+    ca_file: Option<std::path::PathBuf>,
     /// Points the name at a site; `{site}` is `frontend` or `lastresort`.
     #[arg(long, default_value = "deploy/local/ctl dns {site}")]
     flip_cmd: String,
@@ -79,16 +88,50 @@ async fn resolve(a: &Args) -> Result<dns::A> {
     answer.with_context(|| format!("{} has no A record", a.name))
 }
 
+/// How a step is checked: plain HTTP on `--port`, or HTTPS on `--tls-port`.
+#[derive(Clone, Copy, Debug)]
+enum Scheme {
+    Http,
+    Https,
+}
+
+/// The schemes every step is checked in.
+fn schemes(a: &Args) -> Vec<Scheme> {
+    match a.tls_port {
+        Some(_) => vec![Scheme::Http, Scheme::Https],
+        None => vec![Scheme::Http],
+    }
+}
+
 /// One request as a browser on a fresh connection would make it: `GET /slug` on the address
-/// the name resolved to, with the name as Host. Returns (status, Location or refresh URL, tier).
-async fn follow(a: &Args, addr: Ipv4Addr, slug: &str) -> Result<(u16, String, String)> {
-    let client = reqwest::Client::builder()
+/// the name resolved to, with the name as Host (and, over HTTPS, as the server name whose
+/// certificate must verify). Returns (status, Location or refresh URL, tier).
+async fn follow(
+    a: &Args,
+    scheme: Scheme,
+    addr: Ipv4Addr,
+    slug: &str,
+) -> Result<(u16, String, String)> {
+    let mut client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(Duration::from_secs(5))
-        .resolve(&a.name, SocketAddr::from((only_loopback(addr)?, a.port)))
+        .timeout(Duration::from_secs(5));
+    let (name, port) = match (scheme, a.tls_port, &a.ca_file) {
+        (Scheme::Https, Some(port), Some(ca)) => {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            client = client
+                .tls_built_in_root_certs(false)
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?)
+                .https_only(true);
+            ("https", port)
+        }
+        (Scheme::Https, ..) => bail!("HTTPS needs --tls-port and --ca-file"),
+        (Scheme::Http, ..) => ("http", a.port),
+    };
+    let client = client
+        .resolve(&a.name, SocketAddr::from((only_loopback(addr)?, port)))
         .build()?;
     let r = client
-        .get(format!("http://{}:{}/{slug}", a.name, a.port))
+        .get(format!("{name}://{}:{port}/{slug}", a.name))
         .send()
         .await?;
     let status = r.status().as_u16();
@@ -113,7 +156,8 @@ async fn follow(a: &Args, addr: Ipv4Addr, slug: &str) -> Result<(u16, String, St
     Ok((status, target, tier))
 }
 
-/// Polls (at most `within`) until the link on `addr` answers with `url` from one of `tiers`.
+/// Polls (at most `within`) until the link on `addr` answers with `url` from one of `tiers`,
+/// in every scheme checked.
 async fn served(
     a: &Args,
     addr: Ipv4Addr,
@@ -122,9 +166,26 @@ async fn served(
     tiers: &[&str],
     within: Duration,
 ) -> Result<String> {
+    let mut got = Vec::new();
+    for scheme in schemes(a) {
+        let one = served_in(a, scheme, addr, slug, url, tiers, within).await?;
+        got.push(format!("{scheme:?}: {one}"));
+    }
+    Ok(got.join("; "))
+}
+
+async fn served_in(
+    a: &Args,
+    scheme: Scheme,
+    addr: Ipv4Addr,
+    slug: &str,
+    url: &str,
+    tiers: &[&str],
+    within: Duration,
+) -> Result<String> {
     let since = Instant::now();
     loop {
-        let last = match follow(a, addr, slug).await {
+        let last = match follow(a, scheme, addr, slug).await {
             Ok((status, target, tier)) => {
                 let redirect = (300..400).contains(&status) || status == 200;
                 if redirect && target == url && tiers.contains(&tier.as_str()) {
@@ -138,7 +199,9 @@ async fn served(
             Err(e) => format!("{e:#}"),
         };
         if since.elapsed() > within {
-            bail!("{addr}: /{slug} not served by {tiers:?} within {within:?}; last: {last}");
+            bail!(
+                "{addr} ({scheme:?}): /{slug} not served by {tiers:?} within {within:?}; last: {last}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -220,7 +283,7 @@ async fn main() -> Result<()> {
     let result = async {
         if !a.frontend_down_cmd.is_empty() {
             run(&a.frontend_down_cmd)?;
-            let gone = follow(&a, front.addr, &slug).await;
+            let gone = follow(&a, Scheme::Http, front.addr, &slug).await;
             ensure!(gone.is_err(), "the frontend still answers: {gone:?}");
             let now = resolve(&a).await?;
             let got = served(&a, now.addr, &slug, &url, &last_resort, eps).await?;
