@@ -6,9 +6,13 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(name = "drill", about = "zlink failover drill")]
 pub struct Args {
-    /// The frontend nginx (redirects and the API go through it).
+    /// The frontend nginx (redirects and the API go through it): `https://` as people use it
+    /// (`ctl drill` passes the HTTPS listener), or `http://`.
     #[arg(long, env = "ZLINK_FRONTEND")]
     pub frontend: String,
+    /// A CA to trust besides the public ones (the local CA that issued the sites' certificates).
+    #[arg(long, env = "ZLINK_CA_FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// URL prefix of the blobs in S3 (bucket and key prefix): `<prefix><slug>` is read to know
     /// a link reached S3 before the drill starts.
     #[arg(long, env = "ZLINK_DRILL_BLOB_URL_PREFIX")]

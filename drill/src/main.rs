@@ -112,11 +112,15 @@ async fn main() -> anyhow::Result<()> {
     let base = a.frontend.trim_end_matches('/').to_string();
     // The last-resort site's users, if given: every other request goes there directly.
     let site = a.site.as_ref().map(|s| s.trim_end_matches('/').to_string());
-    let client = reqwest::Client::builder()
+    let mut client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(5))
-        .pool_max_idle_per_host(64)
-        .build()?;
+        .pool_max_idle_per_host(64);
+    if let Some(ca) = &a.ca_file {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        client = client.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
+    }
+    let client = client.build()?;
 
     // A branded domain of the drill's: the last link of each phase is on it.
     let brand = (!a.brand_domain.is_empty() && a.links >= 2).then(|| a.brand_domain.clone());
