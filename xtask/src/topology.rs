@@ -262,8 +262,14 @@ fn canary_job(t: &Topology, base: u16) -> Result<String> {
     );
     for p in &t.probes {
         let at = format!("127.0.0.1:{}", t.port(base, &p.listener)?);
+        // An HTTPS listener (`*-tls`) is probed over HTTPS, its certificate verified.
+        let scheme = if p.listener.ends_with("-tls") {
+            "https"
+        } else {
+            "http"
+        };
         let target = match &p.path {
-            Some(path) => format!("http://{at}{path}"),
+            Some(path) => format!("{scheme}://{at}{path}"),
             None => at,
         };
         out += &format!(
@@ -303,6 +309,7 @@ pub fn blackbox_yml(dns_name: &str, ca_file: &str) -> Result<String> {
         format!(
             "  rung{n}:\n    prober: http\n    timeout: 3s\n    http:\n      method: GET\n      \
              follow_redirects: false\n      preferred_ip_protocol: ip4\n      \
+             tls_config: {{ca_file: '{ca_file}'}}\n      \
              valid_status_codes: [302]\n      fail_if_header_not_matches:\n        \
              - {{header: Location, regexp: '{}'}}\n        \
              - {{header: X-Zlink-Tier, regexp: '^{tier}$'}}\n",
@@ -472,7 +479,7 @@ mod tests {
         let job = &yml[yml.find("  - job_name: canary\n").expect("canary job")..];
         assert!(job.contains("    metrics_path: /probe\n"));
         assert!(job.contains(
-            "      - targets: ['http://127.0.0.1:21180/zlink-canary-1']\n        \
+            "      - targets: ['https://127.0.0.1:21184/zlink-canary-1']\n        \
              labels: {rung: '1', probe: frontend, module: rung1}\n"
         ));
         assert!(job.contains("      - targets: ['127.0.0.1:21053']\n"));

@@ -95,6 +95,9 @@ ZL_TIMEOUT_nginx=10
 # reads them at each handshake, so a new or renewed file needs no reload.
 # ZLINK_HTTPS_ONLY=on: plain HTTP answers 308 to HTTPS on both tiers (off locally by default:
 # the tests and the benchmarks speak both).
+# The mode sticks to the run dir (`up` leaves $ZLINK_RUN/https-only), so a later `ctl fault
+# restart nginx-*` renders it the same way.
+[[ -z "${ZLINK_HTTPS_ONLY:-}" && -f "$ZLINK_RUN/https-only" ]] && ZLINK_HTTPS_ONLY=on
 zl_https_only() { if [[ "${ZLINK_HTTPS_ONLY:-off}" == on ]]; then echo on; else echo off; fi; }
 zl_tls_ca() { echo "$ZLINK_RUN/tls/ca.crt"; }
 zl_tls_sites() { echo frontend lastresort; }

@@ -46,6 +46,9 @@ struct Args {
     /// The CA that issued the sites' certificates (PEM), the only one trusted.
     #[arg(long)]
     ca_file: Option<std::path::PathBuf>,
+    /// The sites answer plain HTTP with a redirect to HTTPS: every step over HTTPS only.
+    #[arg(long, requires = "tls_port")]
+    https_only: bool,
     /// Points the name at a site; `{site}` is `frontend` or `lastresort`.
     #[arg(long, default_value = "deploy/local/ctl dns {site}")]
     flip_cmd: String,
@@ -97,9 +100,10 @@ enum Scheme {
 
 /// The schemes every step is checked in.
 fn schemes(a: &Args) -> Vec<Scheme> {
-    match a.tls_port {
-        Some(_) => vec![Scheme::Http, Scheme::Https],
-        None => vec![Scheme::Http],
+    match (a.tls_port, a.https_only) {
+        (Some(_), true) => vec![Scheme::Https],
+        (Some(_), false) => vec![Scheme::Http, Scheme::Https],
+        (None, _) => vec![Scheme::Http],
     }
 }
 
@@ -115,12 +119,11 @@ async fn follow(
     let mut client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(5));
-    let (name, port) = match (scheme, a.tls_port, &a.ca_file) {
+    let (name, port) = match (scheme, a.tls_port, ca(a)?) {
         (Scheme::Https, Some(port), Some(ca)) => {
-            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
             client = client
                 .tls_built_in_root_certs(false)
-                .add_root_certificate(reqwest::Certificate::from_pem(&pem)?)
+                .add_root_certificate(ca)
                 .https_only(true);
             ("https", port)
         }
@@ -234,10 +237,21 @@ async fn flip(a: &Args, site: &str, old: Option<Ipv4Addr>) -> Result<dns::A> {
     }
 }
 
+/// The CA of `--ca-file` as a root certificate.
+fn ca(a: &Args) -> Result<Option<reqwest::Certificate>> {
+    let Some(path) = &a.ca_file else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(reqwest::Certificate::from_pem(&pem)?))
+}
+
 async fn create(a: &Args, slug: &str, url: &str) -> Result<()> {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()?;
+    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    if let Some(ca) = ca(a)? {
+        client = client.add_root_certificate(ca);
+    }
+    let client = client.build()?;
     let base = a.frontend.trim_end_matches('/');
     let since = Instant::now();
     loop {
