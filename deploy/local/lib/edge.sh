@@ -115,14 +115,18 @@ zl_tls_issue() {
   [[ "$(id -u)" == 0 ]] && group=(--group "$(id -g nobody)")
   "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$out" --days "$ZLINK_TLS_DAYS" "${group[@]}" "$@"
 }
-# The CA, and each site's default certificate where it is missing.
+# The CA, and each site's default certificate where it is missing or was issued for other names
+# (ZLINK_SHORT_DOMAINS changed: the names it was issued for are kept beside it).
 zl_tls_ensure() {
-  local site
+  local site dir names
   "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
+  names="$(zl_tls_default_names)"
   for site in $(zl_tls_sites); do
-    [[ -f "$(zl_tls_site_dir "$site")/tls-combined.pem" ]] && continue
-    # shellcheck disable=SC2046
-    zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
+    dir="$(zl_tls_site_dir "$site")"
+    [[ -f "$dir/tls-combined.pem" && "$(cat "$dir/tls-combined.names" 2>/dev/null)" == "$names" ]] && continue
+    # shellcheck disable=SC2086
+    zl_tls_issue "$site" "" $names || return 1
+    echo "$names" >"$dir/tls-combined.names"
   done
   zl_tls_targets
 }
@@ -167,6 +171,7 @@ zl_tls_renew() {
     dir="$(zl_tls_site_dir "$site")"
     # shellcheck disable=SC2046
     zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
+    zl_tls_default_names >"$dir/tls-combined.names"
     for f in "$dir"/*/tls-combined.pem; do
       [[ -f "$f" ]] || continue
       domain="$(basename "$(dirname "$f")")"
