@@ -132,8 +132,9 @@ pub fn default_hosts(names: &[&str]) -> String {
 /// (the same renderer `up` uses) and checked with `nginx -t` before it starts.
 pub struct OwnNginx {
     pub base: String,
-    /// `https://127.0.0.1:<tls port>`: the same server over TLS (the test CA's certificate).
-    pub https_base: String,
+    /// Its HTTPS listener's port on 127.0.0.1: the same server over TLS (the test CA's
+    /// certificate).
+    pub tls_port: u16,
     pub dir: TempDir,
     child: std::process::Child,
 }
@@ -166,6 +167,11 @@ pub fn test_ca_cert() -> std::path::PathBuf {
 /// Who reads a certificate besides its owner: nginx's workers, `nobody` when the tests run as
 /// root (as in CI), else the owner itself.
 fn nginx_readers() -> zlink_xtask::tls::Readers {
+    static READERS: std::sync::OnceLock<zlink_xtask::tls::Readers> = std::sync::OnceLock::new();
+    *READERS.get_or_init(find_nginx_readers)
+}
+
+fn find_nginx_readers() -> zlink_xtask::tls::Readers {
     let id = |args: &[&str]| {
         std::process::Command::new("id")
             .args(args)
@@ -293,7 +299,7 @@ impl OwnNginx {
         );
         OwnNginx {
             base,
-            https_base: format!("https://127.0.0.1:{tls_port}"),
+            tls_port,
             dir,
             child,
         }
@@ -303,13 +309,14 @@ impl OwnNginx {
         format!("{}{path}", self.base)
     }
 
-    pub fn https_url(&self, path: &str) -> String {
-        format!("{}{path}", self.https_base)
+    /// `https://127.0.0.1:<tls port>`.
+    pub fn https_base(&self) -> String {
+        format!("https://{}", self.tls_hostport())
     }
 
     /// `host:port` of its HTTPS listener (an upstream for a frontend's failover hop).
     pub fn tls_hostport(&self) -> String {
-        self.https_base.trim_start_matches("https://").to_string()
+        format!("127.0.0.1:{}", self.tls_port)
     }
 
     /// Its certificate directory: a test places a branded domain's certificate here.

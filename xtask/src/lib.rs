@@ -8,6 +8,8 @@
 //!   `/proc`) and its report (table, JSON, the dated row of `docs/benchmarks.md`);
 //! - [`topology`]: the local topology as data (`deploy/local/topology.tsv`) and the files
 //!   rendered from it (Prometheus and Alertmanager configuration, Toxiproxy proxy lists);
+//! - [`probes`]: Prometheus's probe jobs (canaries, certificates) and the blackbox exporter's
+//!   modules;
 //! - [`alerts`]: the local Alertmanager webhook receiver;
 //! - [`docker`]: static checks of the container images' Dockerfile;
 //! - [`manifests`]: the generated files of the Kubernetes and Compose manifests;
@@ -21,6 +23,7 @@ pub mod docker;
 pub mod layers;
 pub mod manifests;
 pub mod nginx;
+pub mod probes;
 pub mod tls;
 pub mod topology;
 

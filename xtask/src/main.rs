@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use zlink_xtask::{
-    alerts, bench, benchcores, benchrun, docker, layers, manifests, nginx, tls, topology,
+    alerts, bench, benchcores, benchrun, docker, layers, manifests, nginx, probes, tls, topology,
 };
 
 #[derive(Parser)]
@@ -233,7 +233,7 @@ fn main() -> Result<()> {
                     topology::alertmanager_yml(&topology::Topology::load(&root)?, base)?
                 }
                 TopologyCmd::Blackbox { dns_name, ca_file } => {
-                    topology::blackbox_yml(&dns_name, &ca_file)?
+                    probes::blackbox_yml(&dns_name, &ca_file)?
                 }
                 TopologyCmd::Proxies => {
                     topology::proxies_json(&std::io::read_to_string(std::io::stdin())?)?

@@ -155,7 +155,7 @@ pub fn generate(root: &Path) -> Result<Vec<Generated>> {
         path: BLACKBOX.into(),
         text: format!(
             "{HEADER} zlink_wire::canary (xtask/src/topology.rs)\n{}",
-            crate::topology::blackbox_yml(K8S_DNS_NAME, K8S_CA_FILE)?
+            crate::probes::blackbox_yml(K8S_DNS_NAME, K8S_CA_FILE)?
         ),
     });
     Ok(out)

@@ -115,18 +115,23 @@ zl_tls_issue() {
   [[ "$(id -u)" == 0 ]] && group=(--group "$(id -g nobody)")
   "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$out" --days "$ZLINK_TLS_DAYS" "${group[@]}" "$@"
 }
-# The CA, and each site's default certificate where it is missing or was issued for other names
-# (ZLINK_SHORT_DOMAINS changed: the names it was issued for are kept beside it).
-zl_tls_ensure() {
-  local site dir names
-  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
+# SITE's default certificate, for the default names; the names kept beside it.
+zl_tls_issue_default() {
+  local site="$1" names
   names="$(zl_tls_default_names)"
+  # shellcheck disable=SC2086
+  zl_tls_issue "$site" "" $names || return 1
+  echo "$names" >"$(zl_tls_site_dir "$site")/tls-combined.names"
+}
+# The CA, and each site's default certificate where it is missing or was issued for other names
+# (ZLINK_SHORT_DOMAINS changed).
+zl_tls_ensure() {
+  local site dir
+  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
   for site in $(zl_tls_sites); do
     dir="$(zl_tls_site_dir "$site")"
-    [[ -f "$dir/tls-combined.pem" && "$(cat "$dir/tls-combined.names" 2>/dev/null)" == "$names" ]] && continue
-    # shellcheck disable=SC2086
-    zl_tls_issue "$site" "" $names || return 1
-    echo "$names" >"$dir/tls-combined.names"
+    [[ -f "$dir/tls-combined.pem" && "$(cat "$dir/tls-combined.names" 2>/dev/null)" == "$(zl_tls_default_names)" ]] && continue
+    zl_tls_issue_default "$site" || return 1
   done
   zl_tls_targets
 }
@@ -169,9 +174,7 @@ zl_tls_renew() {
   zl_tls_ensure || return 1
   for site in $(zl_tls_sites); do
     dir="$(zl_tls_site_dir "$site")"
-    # shellcheck disable=SC2046
-    zl_tls_issue "$site" "" $(zl_tls_default_names) || return 1
-    zl_tls_default_names >"$dir/tls-combined.names"
+    zl_tls_issue_default "$site" || return 1
     for f in "$dir"/*/tls-combined.pem; do
       [[ -f "$f" ]] || continue
       domain="$(basename "$(dirname "$f")")"

@@ -23,7 +23,7 @@ async fn get_on(url: &str, host: &str) -> reqwest::Response {
         .unwrap()
 }
 
-async fn post(base: &str, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
+pub(super) async fn post(base: &str, path: &str, key: &str, body: Value) -> (StatusCode, Value) {
     let r = client()
         .post(format!("{base}{path}"))
         .bearer_auth(key)

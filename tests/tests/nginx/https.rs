@@ -34,10 +34,7 @@ fn verifying() -> reqwest::Client {
 
 /// `https://NAME:PORT` of a test nginx's HTTPS listener.
 fn on(nginx: &OwnNginx, name: &str) -> String {
-    format!(
-        "https://{name}:{}",
-        nginx.tls_hostport().rsplit(':').next().unwrap()
-    )
+    format!("https://{name}:{}", nginx.tls_port)
 }
 
 /// The DER of the leaf certificate the server presented.
@@ -92,14 +89,9 @@ async fn every_rung_answers_https_with_the_certificate_of_the_default_or_branded
     let p = spawn_primary(&infra, &ks, &flags, None).await;
     let replicator = spawn_replicator(&infra, &ks, &infra.kafka).await;
     let admin = create_key(&p.state, "ops", true).await;
-    let r = client()
-        .post(p.url("/api/v1/domains"))
-        .bearer_auth(&admin)
-        .json(&json!({"domain": BRAND}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::CREATED);
+    let (s, d) =
+        super::domains::post(&p.base, "/api/v1/domains", &admin, json!({"domain": BRAND})).await;
+    assert_eq!(s, StatusCode::CREATED, "{d}");
     let (plain, branded) = ("https://example.com/plain", "https://example.com/brand");
     for body in [
         json!({"url": plain, "slug": "tls-promo"}),
@@ -153,7 +145,7 @@ async fn every_rung_answers_https_with_the_certificate_of_the_default_or_branded
                 assert_eq!(s, StatusCode::FOUND);
             }
         };
-        for base in [on(&fe, SHORT), fe.https_base.clone()] {
+        for base in [on(&fe, SHORT), fe.https_base()] {
             let (s, t, to, hsts, cert) = ask(&base, "tls-promo").await;
             want(s);
             assert_eq!(
@@ -244,7 +236,7 @@ async fn https_only_answers_plain_http_with_a_permanent_redirect_that_reaches_no
         ],
     )
     .await;
-    let tls_port = fe.tls_hostport().rsplit(':').next().unwrap().to_string();
+    let tls_port = fe.tls_port;
 
     // Plain HTTP: 308 to the same path and query on HTTPS, for a redirect and for the API.
     let r = client()
