@@ -4,6 +4,7 @@
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::primitives::ByteStream;
+use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::retry::RetryConfig;
 use aws_smithy_types::timeout::TimeoutConfig;
 use std::collections::HashMap;
@@ -41,6 +42,11 @@ pub struct S3Config {
     /// Budget for one S3 request, milliseconds.
     #[arg(long, env = "ZLINK_S3_TIMEOUT_MS", default_value_t = 5000)]
     pub s3_timeout_ms: u64,
+    /// PEM file of CA certificates trusted for an `https://` endpoint besides the system's
+    /// roots (a private CA in front of the store, the local topology's CA). The server's
+    /// certificate is always verified: there is no option to skip it.
+    #[arg(long, env = "ZLINK_S3_CA_FILE")]
+    pub s3_ca_file: Option<std::path::PathBuf>,
 }
 
 impl S3Config {
@@ -69,8 +75,55 @@ impl S3Config {
         if http::HeaderValue::from_str(&self.blob_cache_control).is_err() {
             return Err("--blob-cache-control is not a valid header value".into());
         }
+        if let Some(path) = &self.s3_ca_file {
+            if !self.s3_endpoint.starts_with("https://") {
+                return Err("--s3-ca-file needs an https:// --s3-endpoint".into());
+            }
+            read_ca_file(path)?;
+        }
         Ok(())
     }
+}
+
+/// The CA certificates of `path`: a PEM file holding at least one certificate, each one usable
+/// as a trust anchor (checked here, once at start-up, with a clear error, because the SDK's
+/// TLS layer panics on a certificate it cannot parse).
+pub fn read_ca_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("--s3-ca-file {shown}: {e}"))?;
+    let ders = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--s3-ca-file {shown}: not PEM certificates: {e:?}"))?;
+    if ders.is_empty() {
+        return Err(format!("--s3-ca-file {shown}: no certificate in it"));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for der in ders {
+        roots.add(der).map_err(|e| {
+            format!("--s3-ca-file {shown}: a certificate is not usable as a CA: {e}")
+        })?;
+    }
+    Ok(pem)
+}
+
+/// The SDK's HTTPS client (hyper 1 and rustls on aws-lc, as its default) trusting the system's
+/// roots and the certificates of `ca_pem`.
+fn https_client_trusting(
+    ca_pem: Vec<u8>,
+) -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    use aws_smithy_http_client::tls;
+    let trust = tls::TrustStore::default().with_pem_certificate(ca_pem);
+    let context = tls::TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .expect("a trust store with native roots and checked certificates is a valid TLS context");
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::AwsLc,
+        ))
+        .tls_context(context)
+        .build_https()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +136,9 @@ pub enum S3Error {
     Permanent(String),
 }
 
-fn classify<E: std::fmt::Debug>(e: SdkError<E, aws_smithy_runtime_api::http::Response>) -> S3Error {
+fn classify<E: std::error::Error + 'static>(
+    e: SdkError<E, aws_smithy_runtime_api::http::Response>,
+) -> S3Error {
     match &e {
         SdkError::ServiceError(se) => {
             let status = se.raw().status().as_u16();
@@ -95,7 +150,8 @@ fn classify<E: std::fmt::Debug>(e: SdkError<E, aws_smithy_runtime_api::http::Res
             }
         }
         SdkError::ConstructionFailure(_) => S3Error::Permanent(format!("{e:?}")),
-        _ => S3Error::Transient(format!("{e}")),
+        // With its causes: "dispatch failure" alone hides a refused certificate or a reset.
+        _ => S3Error::Transient(DisplayErrorContext(&e).to_string()),
     }
 }
 
@@ -132,7 +188,8 @@ pub struct S3Store {
 }
 
 impl S3Store {
-    pub fn new(cfg: &S3Config) -> Self {
+    /// The client for `cfg`; fails only on an unreadable or unusable `--s3-ca-file`.
+    pub fn new(cfg: &S3Config) -> Result<Self, String> {
         let creds = Credentials::new(
             &cfg.s3_access_key,
             &cfg.s3_secret_key.0,
@@ -140,7 +197,11 @@ impl S3Store {
             None,
             "zlink-static",
         );
-        let conf = aws_sdk_s3::config::Builder::new()
+        let mut conf = aws_sdk_s3::config::Builder::new();
+        if let Some(path) = &cfg.s3_ca_file {
+            conf.set_http_client(Some(https_client_trusting(read_ca_file(path)?)));
+        }
+        let conf = conf
             .behavior_version(BehaviorVersion::latest())
             .endpoint_url(&cfg.s3_endpoint)
             .region(Region::new(cfg.s3_region.clone()))
@@ -155,12 +216,12 @@ impl S3Store {
                     .build(),
             )
             .build();
-        S3Store {
+        Ok(S3Store {
             client: aws_sdk_s3::Client::from_conf(conf),
             bucket: cfg.s3_bucket.clone(),
             prefix: cfg.s3_prefix.clone(),
             cache_control: cfg.blob_cache_control.clone(),
-        }
+        })
     }
 
     pub fn key(&self, slug: &str) -> String {

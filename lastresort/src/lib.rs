@@ -58,7 +58,7 @@ fn state(cfg: &config::Config, metrics: Arc<metrics::Metrics>) -> Result<Arc<htt
         &cfg.instance,
         metrics.clicks.clone(),
     )?;
-    let s3 = Arc::new(S3Store::new(&cfg.s3));
+    let s3 = Arc::new(S3Store::new(&cfg.s3)?);
     let memcached = (!cfg.memcached.trim().is_empty()).then(|| {
         let client = Memcache::new(
             cfg.memcached.trim(),

@@ -67,6 +67,8 @@ pub struct AppState {
     pub destinations: crate::policy::Destinations,
     /// Rate limits per key and per client address.
     pub limits: Limits,
+    /// Each site's certificate for a branded domain (`--tls-sites`), for the domain API.
+    pub certs: Option<crate::certs::CertChecks>,
 }
 
 /// Which per-address rate limit a request is checked against.
@@ -182,7 +184,14 @@ impl AppState {
             unknown_keys_per_ip: Limiter::new(cfg.limit_unknown_keys_per_ip, 100_000),
             exempt: cfg.rate_limit_exempt.clone(),
         };
+        let certs = crate::certs::CertChecks::new(
+            crate::certs::parse_sites(&cfg.tls_sites)?,
+            cfg.tls_ca_file.as_deref(),
+            Duration::from_secs(2),
+            Duration::from_secs(cfg.tls_check_cache_secs),
+        )?;
         Ok(Arc::new(AppState {
+            certs,
             limits,
             destinations,
             settings,

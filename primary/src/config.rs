@@ -79,6 +79,18 @@ pub struct ServeConfig {
     /// (`POST /api/v1/domains/{domain}/approve`); an admin's own registration is active at once.
     #[arg(long, env = "ZLINK_BRANDED_DOMAINS_ALLOWED", value_delimiter = ',')]
     pub branded_domains_allowed: Vec<String>,
+    /// The HTTPS listeners of every site that serves the short domains, `NAME=HOST:PORT`
+    /// (comma-separated; the frontend and each last-resort site, as this process reaches
+    /// them): the domain API shows per site whether it serves a valid certificate for a
+    /// branded domain (a TLS handshake with the domain as server name). None: no `https` field.
+    #[arg(long, env = "ZLINK_TLS_SITES", value_delimiter = ',')]
+    pub tls_sites: Vec<String>,
+    /// CA certificates (PEM) the certificate check trusts besides the system's roots.
+    #[arg(long, env = "ZLINK_TLS_CA_FILE")]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// How long a certificate check's result is kept, seconds.
+    #[arg(long, env = "ZLINK_TLS_CHECK_CACHE_SECS", default_value_t = 30)]
+    pub tls_check_cache_secs: u64,
     /// Hosts no link may lead to, one per line (`#` comments; a name also covers its
     /// subdomains). Re-read when it changes.
     #[arg(long, env = "ZLINK_DENY_HOSTS_FILE")]
@@ -249,6 +261,7 @@ impl ServeConfig {
             zlink_wire::domain::normalize(d)
                 .map_err(|e| format!("--short-domains / --branded-domains-allowed: {d:?}: {e}"))?;
         }
+        crate::certs::parse_sites(&self.tls_sites)?;
         if !zlink_wire::link::is_redirect_code(self.redirect_code) {
             return Err("--redirect-code must be one of 301, 302, 307, 308".into());
         }

@@ -67,6 +67,9 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
         ));
     }
     state.domain_cache.invalidate(&stored.domain).await;
+    if let Some(c) = &state.certs {
+        c.invalidate(&stored.domain).await;
+    }
     if won {
         tracing::info!(domain = %stored.domain, owner = ?stored.owner, status = stored.status.as_str(), "domain registered");
     }
@@ -75,7 +78,10 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
     } else {
         StatusCode::OK
     };
-    Ok(json_response(status, &DomainView::of(&stored)))
+    Ok(json_response(
+        status,
+        &DomainView::checked(&stored, state.certs.as_ref()).await,
+    ))
 }
 
 /// `GET /api/v1/domains`: the caller's domains.
@@ -84,7 +90,15 @@ pub async fn register(state: &AppState, req: Request<Incoming>) -> Result<Resp, 
 pub async fn list<B>(state: &AppState, req: &Request<B>) -> Result<Resp, ApiError> {
     let principal = state.principal(req).await?;
     let domains = state.store.domains.of_owner(&principal.owner).await?;
-    let domains = domains.iter().map(DomainView::of).collect();
+    // Each domain's certificates checked (cached), eight domains at a time.
+    let mut views = Vec::with_capacity(domains.len());
+    for chunk in domains.chunks(8) {
+        let checked = chunk
+            .iter()
+            .map(|d| DomainView::checked(d, state.certs.as_ref()));
+        views.extend(futures_util::future::join_all(checked).await);
+    }
+    let domains = views;
     Ok(json_response(StatusCode::OK, &DomainList { domains }))
 }
 
@@ -122,5 +136,8 @@ pub async fn approve<B>(state: &AppState, req: &Request<B>, raw: &str) -> Result
         .get(&name)
         .await?
         .ok_or(ApiError::NotFound)?;
-    Ok(json_response(StatusCode::OK, &DomainView::of(&d)))
+    Ok(json_response(
+        StatusCode::OK,
+        &DomainView::checked(&d, state.certs.as_ref()).await,
+    ))
 }

@@ -41,6 +41,7 @@ pub mod body;
 pub mod bulk;
 pub mod cache;
 pub mod canary;
+pub mod certs;
 pub mod config;
 pub mod dashboard;
 pub mod domains;

@@ -82,6 +82,11 @@ pub struct DomainView {
     /// PENDING (waits for an admin) or ACTIVE.
     pub status: String,
     pub created_at: String,
+    /// Whether every site serves a valid certificate for the domain (where the service is
+    /// configured with its sites, `--tls-sites`): its links are servable over HTTPS on every
+    /// rung only then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub https: Option<crate::certs::DomainHttps>,
 }
 
 impl DomainView {
@@ -91,7 +96,20 @@ impl DomainView {
             owner: d.owner.clone(),
             status: d.status.as_str().to_string(),
             created_at: rfc3339(d.created_at_ms),
+            https: None,
         }
+    }
+
+    /// With each site's certificate state, when the service knows its sites.
+    pub async fn checked(
+        d: &zlink_store::domains::Domain,
+        certs: Option<&crate::certs::CertChecks>,
+    ) -> DomainView {
+        let mut v = DomainView::of(d);
+        if let Some(c) = certs {
+            v.https = Some(c.of(&d.domain).await.as_ref().clone());
+        }
+        v
     }
 }
 

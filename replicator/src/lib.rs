@@ -45,7 +45,7 @@ impl App {
     ) -> anyhow::Result<App> {
         let db = Arc::new(db);
         let metrics = Arc::new(metrics::Metrics::new());
-        let s3 = Arc::new(s3::S3Store::new(s3));
+        let s3 = Arc::new(s3::S3Store::new(s3).map_err(anyhow::Error::msg)?);
         let rechecks = Arc::new(rechecks::Rechecks::new(audit.recheck_secs, metrics.clone()));
         let applier = Arc::new(Applier {
             s3: s3.clone(),

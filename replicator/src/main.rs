@@ -104,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
                     .await
                     .context("preparing statements")?,
             );
-            let s3 = Arc::new(S3Store::new(&s3));
+            let s3 = Arc::new(S3Store::new(&s3).map_err(anyhow::Error::msg)?);
             let report = reconcile(store, s3, &args, SystemClock.now_ms(), |line| {
                 println!("{line}")
             })

@@ -9,6 +9,10 @@ pub struct Infra {
     pub memcached: String,
     pub kafka: String,
     pub s3_endpoint: String,
+    /// The same S3 over HTTPS, its certificate issued by the CA in `s3_ca_file`: what every
+    /// last-resort host of the tests reads (rung 3 and the lastresort processes).
+    pub s3_tls_endpoint: String,
+    pub s3_ca_file: String,
     pub s3_bucket: String,
     pub s3_access_key: String,
     pub s3_secret_key: String,
@@ -27,6 +31,8 @@ impl Infra {
             memcached: get("ZLINK_TEST_MEMCACHED"),
             kafka: get("ZLINK_TEST_KAFKA"),
             s3_endpoint: get("ZLINK_TEST_S3_ENDPOINT"),
+            s3_tls_endpoint: get("ZLINK_TEST_S3_TLS_ENDPOINT"),
+            s3_ca_file: get("ZLINK_TEST_S3_CA_FILE"),
             s3_bucket: get("ZLINK_TEST_S3_BUCKET"),
             s3_access_key: get("ZLINK_TEST_S3_ACCESS_KEY"),
             s3_secret_key: get("ZLINK_TEST_S3_SECRET_KEY"),
@@ -133,6 +139,16 @@ impl Infra {
             s3_secret_key: zlink_clients::Secret(self.s3_secret_key.clone()),
             blob_cache_control: "public, max-age=300".into(),
             s3_timeout_ms: 5000,
+            s3_ca_file: None,
+        }
+    }
+
+    /// [`Infra::s3_config`] over HTTPS, trusting the test servers' CA.
+    pub fn s3_tls_config(&self, prefix: &str) -> replicator::s3::S3Config {
+        replicator::s3::S3Config {
+            s3_endpoint: self.s3_tls_endpoint.clone(),
+            s3_ca_file: Some(self.s3_ca_file.clone().into()),
+            ..self.s3_config(prefix)
         }
     }
 

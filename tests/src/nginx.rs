@@ -20,9 +20,11 @@ pub fn dead_server() -> String {
     )
 }
 
-/// `host:port` of a `http://host:port` base URL.
+/// `host:port` of a `http://host:port` or `https://host:port` base URL.
 pub fn hostport(base: &str) -> String {
-    base.trim_start_matches("http://").to_string()
+    base.trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .to_string()
 }
 
 /// Placeholder values of nginx/lastresort.conf for a last-resort host in front of
@@ -37,7 +39,12 @@ pub fn lastresort_host_values(
     vec![
         ("LASTRESORT_SERVERS", lastresort_servers),
         ("TRUSTED_PROXIES", "127.0.0.0/8".into()),
-        ("S3_HOSTPORT", hostport(&infra.s3_endpoint)),
+        // S3 over HTTPS, verified against the test servers' CA (S3's certificate names
+        // localhost: nginx matches DNS names, not addresses).
+        ("S3_SCHEME", "https".into()),
+        ("S3_HOSTPORT", hostport(&infra.s3_tls_endpoint)),
+        ("S3_CA", infra.s3_ca_file.clone()),
+        ("S3_TLS_NAME", "localhost".into()),
         ("S3_BUCKET", infra.s3_bucket.clone()),
         ("S3_PREFIX", prefix.to_string()),
         (
@@ -114,7 +121,7 @@ impl LastResortHost {
 
     async fn spawn(infra: &Infra, prefix: &str, flags: &[String]) -> ServiceProcess {
         let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        ServiceProcess::lastresort(infra, &infra.s3_endpoint, prefix, &flags).await
+        ServiceProcess::lastresort(infra, &infra.s3_tls_endpoint, prefix, &flags).await
     }
 }
 

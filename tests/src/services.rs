@@ -279,6 +279,10 @@ pub fn lastresort_argv(
     if !extra.contains(&"--kafka") {
         argv.extend(["--kafka".to_string(), infra.kafka.clone()]);
     }
+    // S3 over HTTPS: the certificate verified against the test servers' CA.
+    if endpoint.starts_with("https://") && !extra.contains(&"--s3-ca-file") {
+        argv.extend(["--s3-ca-file".to_string(), infra.s3_ca_file.clone()]);
+    }
     // Tests stop services with connections of their own still pooled: no drain after shutdown
     // (redirect/src/serve.rs tests it), unless the test sets one.
     if !extra.contains(&"--drain-ms") {

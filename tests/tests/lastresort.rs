@@ -29,7 +29,7 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
     let n = names(&ks);
     let p = primary_publishing_links(&infra, &ks).await;
     let r = spawn_replicator(&infra, &ks, &infra.kafka).await;
-    let lr = spawn_lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &[]).await;
+    let lr = spawn_lastresort(&infra, &infra.s3_tls_endpoint, &n.s3_prefix, &[]).await;
     let key = create_key(&p.state, "alice", false).await;
 
     let soon =
@@ -137,7 +137,7 @@ async fn lastresort_answers_like_primary_for_the_same_links() {
 async fn an_object_bigger_than_any_blob_is_not_buffered_and_counts_as_missing() {
     let infra = Infra::from_env();
     let prefix = format!("lr-huge-{}/", uuid::Uuid::new_v4().simple());
-    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix)).expect("S3 client");
     let huge = zlink_clients::s3::MAX_OBJECT_BYTES + 1;
     writer.put_raw("huge", vec![b'<'; huge]).await.unwrap();
     let b = Blob {
@@ -147,7 +147,7 @@ async fn an_object_bigger_than_any_blob_is_not_buffered_and_counts_as_missing() 
         expires_at_ms: None,
     };
     writer.put("fine", &b).await.unwrap();
-    let lr = spawn_lastresort(&infra, &infra.s3_endpoint, &prefix, &[]).await;
+    let lr = spawn_lastresort(&infra, &infra.s3_tls_endpoint, &prefix, &[]).await;
     let r = get(&lr.url("/huge")).await;
     assert_eq!(
         r.status(),
@@ -174,7 +174,7 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
     let prefix = "lr-outage/";
     let mut cfg = infra.s3_config(prefix);
     cfg.s3_endpoint = s3.endpoint.clone();
-    let writer = replicator::s3::S3Store::new(&cfg);
+    let writer = replicator::s3::S3Store::new(&cfg).expect("S3 client");
     for (slug, code) in [("warm-a", 302u16), ("warm-b", 307), ("cold-c", 302)] {
         let b = Blob {
             url: format!("https://example.com/{slug}"),
@@ -298,7 +298,7 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     let topic = format!("clicks-{tag}");
     create_topics(&kafka.brokers, &[(&topic, 3)]).await;
     let prefix = format!("lr-clicks-{tag}/");
-    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix)).expect("S3 client");
     for slug in ["clk-a", "clk-b"] {
         let b = Blob {
             url: format!("https://example.com/{slug}"),
@@ -528,7 +528,7 @@ async fn without_a_readable_journal_lastresort_stops_keeping_answers_for_long() 
     let prefix = "lr-journal/";
     let mut cfg = infra.s3_config(prefix);
     cfg.s3_endpoint = s3.endpoint.clone();
-    let writer = replicator::s3::S3Store::new(&cfg);
+    let writer = replicator::s3::S3Store::new(&cfg).expect("S3 client");
     let b = Blob {
         url: "https://example.com/warm".into(),
         code: 302,
@@ -596,7 +596,7 @@ async fn on_a_full_disk_redirects_go_on_refused_clicks_are_counted_and_spooling_
     let infra = Infra::from_env();
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let prefix = format!("lr-full-{tag}/");
-    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix));
+    let writer = replicator::s3::S3Store::new(&infra.s3_config(&prefix)).expect("S3 client");
     let b = Blob {
         url: "https://example.com/full".into(),
         code: 302,
@@ -698,4 +698,76 @@ async fn on_a_full_disk_redirects_go_on_refused_clicks_are_counted_and_spooling_
     assert_eq!(s2 - s1, N as f64, "every click spooled again");
     assert_eq!(lr.pid(), pid, "no restart");
     assert!(lr.terminate().await.success());
+}
+
+/// S3 over HTTPS (issue 42, part 3): the last-resort host's S3 client verifies S3's certificate.
+/// Trusting the test servers' CA it reads and serves; trusting only the system's roots, or
+/// another CA, it reads nothing: no redirect is ever served from an unverified S3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3_over_https_is_read_only_with_its_certificate_verified() {
+    let infra = Infra::from_env();
+    let prefix = format!("lr-tls-{}/", uuid::Uuid::new_v4().simple());
+    let writer = replicator::s3::S3Store::new(&infra.s3_tls_config(&prefix)).expect("S3 client");
+    let b = Blob {
+        url: "https://example.com/over-tls".into(),
+        code: 302,
+        version: 1,
+        expires_at_ms: None,
+    };
+    writer
+        .put("tls-a", &b)
+        .await
+        .expect("PUT over verified HTTPS");
+    let got = writer.get("tls-a").await.expect("GET over verified HTTPS");
+    assert!(got.is_some(), "the page written over HTTPS is there");
+
+    // The system's roots only: S3's certificate is not trusted, and the error says why.
+    let untrusted = replicator::s3::S3Config {
+        s3_ca_file: None,
+        ..infra.s3_tls_config(&prefix)
+    };
+    let e = replicator::s3::S3Store::new(&untrusted)
+        .expect("S3 client")
+        .get("tls-a")
+        .await
+        .err()
+        .expect("no read from an unverified S3");
+    assert!(
+        format!("{e:?}").to_lowercase().contains("certificate"),
+        "{e:?}"
+    );
+
+    let lr = spawn_lastresort(&infra, &infra.s3_tls_endpoint, &prefix, &[]).await;
+    let r = get(&lr.url("/tls-a")).await;
+    assert_eq!(r.status(), StatusCode::FOUND);
+    assert_eq!(r.headers()["location"], "https://example.com/over-tls");
+    lr.stop().await;
+
+    // Another CA (the tests' nginx CA): the lastresort process is not ready and serves no
+    // redirect from S3 (503, which its host nginx answers from S3 itself, also verified).
+    let other_ca = test_ca_cert().display().to_string();
+    let lr = spawn_lastresort(
+        &infra,
+        &infra.s3_tls_endpoint,
+        &prefix,
+        &["--s3-ca-file", &other_ca],
+    )
+    .await;
+    let r = get(&lr.url("/tls-a")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get("location").is_none());
+    let ready = get(&lr.url("/readyz")).await;
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    lr.stop().await;
+
+    // A file that is not a CA certificate is refused at start-up, with a clear error.
+    let bad = TempDir::new("bad-ca");
+    let bad_file = bad.path().join("ca.pem");
+    std::fs::write(&bad_file, "not a certificate\n").unwrap();
+    let bad_cfg = replicator::s3::S3Config {
+        s3_ca_file: Some(bad_file.clone()),
+        ..infra.s3_tls_config(&prefix)
+    };
+    let e = bad_cfg.validate().expect_err("refused");
+    assert!(e.contains("--s3-ca-file"), "{e}");
 }

@@ -1,6 +1,6 @@
 // Validates the custom resources of rendered manifests (multi-document YAML files given as
-// arguments) against prometheus-operator's schemas (@kubernetes-models/prometheus-operator, the
-// operator's CRD schemas compiled), and fails on any kind neither this script nor
+// arguments) against their operators' schemas (@kubernetes-models/prometheus-operator and
+// @kubernetes-models/cert-manager: the CRD schemas compiled), and fails on any kind neither this script nor
 // kubernetes-validate knows. Prints one line per resource checked; exit 1 on any error.
 // (The operator's schemas, like every CRD's, allow unknown fields: the API server prunes them.
 // The rules' own syntax is promtool's: `--rules-out DIR` writes each PrometheusRule's spec there
@@ -11,10 +11,14 @@ import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { parseAllDocuments, stringify } from "yaml";
 import { PodMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PodMonitor";
 import { PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
+import { Certificate } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate";
+import { Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1/Issuer";
 
 const custom = {
   "monitoring.coreos.com/v1/PodMonitor": PodMonitor,
   "monitoring.coreos.com/v1/PrometheusRule": PrometheusRule,
+  "cert-manager.io/v1/Certificate": Certificate,
+  "cert-manager.io/v1/Issuer": Issuer,
 };
 
 let args = process.argv.slice(2);

@@ -61,7 +61,7 @@ zl_render_nginx() {
       done
       "$(zl_bin zlink-xtask)" render-nginx "$ZLINK_ROOT/nginx/lastresort.conf" "$out" "${common[@]}" \
         "SITE_LISTEN=listen $(zl_site_addr lastresort):$(zl_port site);" "LASTRESORT_SERVERS=${servers%$'\n'}" "TRUSTED_PROXIES=127.0.0.0/8" \
-        "S3_HOSTPORT=$(zl_addr s3)" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
+        "S3_SCHEME=https" "S3_HOSTPORT=$(zl_addr s3)" "S3_CA=$(zl_tls_ca)" "S3_TLS_NAME=localhost" "S3_BUCKET=$S3_BUCKET" "S3_PREFIX=${ZLINK_S3_PREFIX:-}" \
         "STATIC=$ZLINK_ROOT/nginx/static" "CLICK_LOG=$(zl_nginx_click_log)" \
         "RATE_LIMIT_EXEMPT=$exempt" "STATUS_LISTEN=127.0.0.1:$(zl_port nginx-lastresort-status)" \
         "RUNG3_PROBE_UPSTREAM=127.0.0.1:$(zl_port nginx-lastresort)" \
@@ -122,6 +122,14 @@ zl_tls_issue_default() {
   # shellcheck disable=SC2086
   zl_tls_issue "$site" "" $names || return 1
   echo "$names" >"$(zl_tls_site_dir "$site")/tls-combined.names"
+}
+# S3's certificate (SeaweedFS reads it at start): localhost for nginx, which verifies DNS names
+# only, and 127.0.0.1 for the Rust clients (ZLINK_S3_ENDPOINT is an address).
+zl_tls_s3() {
+  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
+  [[ -f "$ZLINK_RUN/tls/s3/tls-combined.pem" ]] && return 0
+  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/s3/tls-combined.pem" \
+    --days "$ZLINK_TLS_DAYS" localhost 127.0.0.1
 }
 # The CA, and each site's default certificate where it is missing or was issued for other names
 # (ZLINK_SHORT_DOMAINS changed).

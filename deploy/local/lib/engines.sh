@@ -140,7 +140,11 @@ zl_start_s3() {
   ]
 }
 EOF
+  zl_tls_s3 || return 1
+  local pem="$ZLINK_RUN/tls/s3/tls-combined.pem"
   # `weed mini` saves its flags to DATA/mini.options and reloads them; absolute paths only.
+  # Plain HTTP on s3 (readiness, fault scripts, benchmarks' unsigned reads) and HTTPS on s3-tls
+  # (every zlink client: zl_addr s3).
   zl_spawn s3 "$WEED" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
     -s3.port="$(zl_port s3)" -master.port="$(zl_port weed-master)" \
     -volume.port="$(zl_port weed-volume)" -filer.port="$(zl_port weed-filer)" \
@@ -148,13 +152,17 @@ EOF
     -master.port.grpc="$(zl_port weed-master-grpc)" -volume.port.grpc="$(zl_port weed-volume-grpc)" \
     -filer.port.grpc="$(zl_port weed-filer-grpc)" -admin.port.grpc="$(zl_port weed-admin-grpc)" \
     -s3.port.grpc="$(zl_port weed-s3-grpc)" \
+    -s3.port.https="$(zl_port s3-tls)" -s3.cert.file="$pem" -s3.key.file="$pem" \
     -s3.config="$dir/s3.json" -bucket="$S3_BUCKET" -master.telemetry=false \
     -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0
 }
-# Ready = an unsigned GET of a missing key in the bucket answers 404 (an open port is not ready).
+# Ready = an unsigned GET of a missing key in the bucket answers 404 (an open port is not ready),
+# over HTTP and over HTTPS with the certificate verified.
 zl_ready_s3() {
   [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 \
-    "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe")" == 404 ]]
+    "http://127.0.0.1:$(zl_port s3)/$S3_BUCKET/zlink-readiness-probe")" == 404 ]] &&
+    [[ "$(curl -s -o /dev/null -w '%{http_code}' -m 2 --cacert "$(zl_tls_ca)" \
+      "https://127.0.0.1:$(zl_port s3-tls)/$S3_BUCKET/zlink-readiness-probe")" == 404 ]]
 }
 ZL_TIMEOUT_s3=60
 

@@ -18,7 +18,9 @@ zl_proxied_port() {
   case "$1" in
     # (A ring node's and a broker's proxy listen on its client address: zl_node_client_addr.)
     cassandra) zl_cluster && return 1; echo cql ;;
-    memcached | s3 | primary-*) echo "$1" ;;
+    memcached | primary-*) echo "$1" ;;
+    # S3's clients speak HTTPS (its fault proxy forwards the TLS bytes as they are).
+    s3) echo s3-tls ;;
     # (In the network-namespace mode the site's own hops stay inside the site.)
     lastresort-*) zl_netns && return 1; echo "$1" ;;
     *) return 1 ;;
@@ -158,7 +160,7 @@ zl_fault() {
           zl_wait_ready nginx-lastresort
         else
           zl_wait_for "the site reads S3 again" 30 ip netns exec "$ZL_NS" \
-            curl -s -o /dev/null -m 2 "http://$(zl_addr s3)/$S3_BUCKET/zlink-readiness-probe"
+            curl -s -o /dev/null -m 2 --cacert "$(zl_tls_ca)" "https://$(zl_addr s3)/$S3_BUCKET/zlink-readiness-probe"
         fi
       fi
       ;;

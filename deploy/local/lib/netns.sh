@@ -68,7 +68,7 @@ zl_site_ports() {
 # (zl_addr s3), over its own link.
 zl_gw_routes() {
   local side="$1" p k s w
-  k="$(zl_port kafka)" s="$(zl_port s3)" w="$(zl_netns_addr wan-site)"
+  k="$(zl_port kafka)" s="$(zl_port s3-tls)" w="$(zl_netns_addr wan-site)"
   for p in $(zl_site_ports); do
     if [[ "$side" == dc ]]; then echo "site-$p 127.0.0.1:$p $w:$p"; else echo "site-$p $w:$p 127.0.0.1:$p"; fi
   done

@@ -37,6 +37,10 @@ zl_start_primary() {
     ZLINK_SLUG_KEY="$(zl_secret slug-key)"
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
     export ZLINK_SLUG_KEY ZLINK_IP_HASH_SALT RUST_LOG="${RUST_LOG:-info}"
+    # The sites whose certificates the domain API shows (each site's HTTPS listener; in the
+    # network-namespace mode the gateway forwards the last-resort site's port), and the CA.
+    export ZLINK_TLS_SITES="frontend=127.0.0.1:$(zl_port nginx-frontend-tls),lastresort=127.0.0.1:$(zl_port nginx-lastresort-tls)"
+    export ZLINK_TLS_CA_FILE="$(zl_tls_ca)"
     zl_worker_threads
     zl_spawn "$name" "$(zl_bin primary)" serve \
       --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" --spool-dir "$ZLINK_RUN/spool/$name" --canaries \
@@ -52,7 +56,9 @@ ZL_TIMEOUT_primary=60
 
 # ---------------------------------------------------------------- replicator
 zl_s3_env() {
-  export ZLINK_S3_ENDPOINT="http://$(zl_addr s3)"
+  # HTTPS, verified against the local CA (the certificate from zl_tls_s3).
+  export ZLINK_S3_ENDPOINT="https://$(zl_addr s3)"
+  export ZLINK_S3_CA_FILE="$(zl_tls_ca)"
   export ZLINK_S3_BUCKET="$S3_BUCKET"
   export ZLINK_S3_ACCESS_KEY="$S3_ACCESS_KEY"
   export ZLINK_S3_SECRET_KEY="$S3_SECRET_KEY"

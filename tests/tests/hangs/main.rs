@@ -179,8 +179,8 @@ async fn hung_and_slow_tiers_cost_one_timeout_each_and_every_click_is_counted_on
     let click_log = click_dir.path().join("clicks.json").display().to_string();
     let lr_flags = ["--clicks-topic", &topic, "--nginx-click-log", &click_log];
     let lrs = [
-        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await,
-        ServiceProcess::lastresort(&infra, &infra.s3_endpoint, &n.s3_prefix, &lr_flags).await,
+        ServiceProcess::lastresort(&infra, &infra.s3_tls_endpoint, &n.s3_prefix, &lr_flags).await,
+        ServiceProcess::lastresort(&infra, &infra.s3_tls_endpoint, &n.s3_prefix, &lr_flags).await,
     ];
     let lr_addrs: Vec<String> = lrs.iter().map(|l| hostport(&l.base)).collect();
     let host = lastresort_host(&infra, &lr_addrs, &n.s3_prefix, &click_log).await;

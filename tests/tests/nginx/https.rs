@@ -281,3 +281,122 @@ async fn https_only_answers_plain_http_with_a_permanent_redirect_that_reaches_no
     assert_eq!(served.len(), 1, "{log:?}");
     assert_eq!(served[0]["rung"], "1");
 }
+
+/// The domain API shows each site's certificate for a branded domain (`https`): a verifying
+/// TLS handshake to every site's HTTPS listener with the domain as server name. Servable only
+/// once every site presents a valid one: missing, then on one site, then a certificate for
+/// another name (invalid), then on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_domain_api_shows_each_sites_certificate_and_servable_only_when_all_are_valid() {
+    let infra = Infra::from_env();
+    // Both sites' nginx, upstreams dead: the check is a handshake, no request goes through.
+    let dead = upstream_servers(&["127.0.0.1:9".to_string()], "max_fails=1 fail_timeout=5s");
+    let fe = OwnNginx::start(
+        "frontend.conf",
+        &[
+            ("PRIMARY_SERVERS", dead.clone()),
+            ("LASTRESORT_HOST_SERVERS", dead.clone()),
+            ("DEFAULT_HOSTS", default_hosts(&[SHORT])),
+        ],
+    )
+    .await;
+    let click_dir = TempDir::new("certs-clicklog");
+    let click_log = click_dir.path().join("clicks.json").display().to_string();
+    let lr = OwnNginx::start(
+        "lastresort.conf",
+        &lastresort_host_values(dead, &infra, "no-such-prefix/", &click_log),
+    )
+    .await;
+    let ks = fresh_keyspace(&infra).await;
+    let sites = format!(
+        "frontend={},lastresort={}",
+        fe.tls_hostport(),
+        lr.tls_hostport()
+    );
+    let ca = test_ca_cert().display().to_string();
+    let p = spawn_primary(
+        &infra,
+        &ks,
+        &[
+            "--short-domains",
+            SHORT,
+            "--tls-sites",
+            &sites,
+            "--tls-ca-file",
+            &ca,
+            "--tls-check-cache-secs",
+            "0",
+        ],
+        None,
+    )
+    .await;
+    let admin = create_key(&p.state, "ops", true).await;
+    let states = |d: &Value| -> Vec<(String, String)> {
+        d["https"]["sites"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{d}"))
+            .iter()
+            .map(|s| {
+                (
+                    s["site"].as_str().unwrap().into(),
+                    s["state"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    };
+    let listed = || async {
+        let r = client()
+            .get(format!("{}/api/v1/domains", p.base))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let v: Value = r.json().await.unwrap();
+        v["domains"][0].clone()
+    };
+    let pair = |a: &str, b: &str| {
+        vec![
+            ("frontend".to_string(), a.to_string()),
+            ("lastresort".to_string(), b.to_string()),
+        ]
+    };
+
+    let (s, d) =
+        super::domains::post(&p.base, "/api/v1/domains", &admin, json!({"domain": BRAND})).await;
+    assert_eq!(s, StatusCode::CREATED, "{d}");
+    assert_eq!(states(&d), pair("missing", "missing"), "{d}");
+    assert_eq!(d["https"]["servable"], false);
+
+    issue_cert(&fe.tls_dir(), Some(BRAND), &[BRAND], 30);
+    let d = listed().await;
+    assert_eq!(states(&d), pair("valid", "missing"), "{d}");
+    assert_eq!(d["https"]["servable"], false);
+    let not_after = d["https"]["sites"][0]["not_after"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let days = (chrono::DateTime::parse_from_rfc3339(&not_after)
+        .unwrap()
+        .timestamp()
+        - chrono::Utc::now().timestamp())
+        / 86_400;
+    assert!((28..=30).contains(&days), "{not_after}");
+
+    // A certificate for another name in the branded domain's place: it does not verify.
+    issue_cert(&lr.tls_dir(), Some(BRAND), &["other.example"], 30);
+    let d = listed().await;
+    assert_eq!(states(&d), pair("valid", "invalid"), "{d}");
+    assert!(
+        d["https"]["sites"][1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("certificate"),
+        "{d}"
+    );
+
+    issue_cert(&lr.tls_dir(), Some(BRAND), &[BRAND], 30);
+    let d = listed().await;
+    assert_eq!(states(&d), pair("valid", "valid"), "{d}");
+    assert_eq!(d["https"]["servable"], true);
+}

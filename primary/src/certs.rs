@@ -1,0 +1,238 @@
+//! Whether each site serves a branded domain's certificate (docs/design/tls.md): the domain
+//! API's `https` field. A domain is servable over HTTPS on every rung only once every site
+//! (the frontend and each last-resort site, `--tls-sites`) presents a valid certificate for
+//! it, so the check is what a browser does: a TLS handshake to the site's HTTPS listener with
+//! the domain as server name, the chain verified against the system's roots (and
+//! `--tls-ca-file`). Results are kept `--tls-check-cache-secs`, so a listing costs at most one
+//! handshake per domain and site in that window; each handshake has a deadline.
+
+use futures_util::future::join_all;
+use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use utoipa::ToSchema;
+
+/// One site's answer for one domain.
+#[derive(Debug, Clone, Serialize, ToSchema, PartialEq, Eq)]
+pub struct SiteCertificate {
+    /// The site's name (`--tls-sites`).
+    pub site: String,
+    /// `valid`: a certificate for the domain that verifies; `missing`: the site refused the
+    /// handshake for this name (it holds no certificate for it); `invalid`: a certificate that
+    /// does not verify (another name, expired, unknown issuer); `unreachable`: no TLS answer
+    /// within the deadline.
+    pub state: &'static str,
+    /// The certificate's expiry (RFC 3339), when valid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+    /// Why it is not valid, as the TLS library says it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A domain's HTTPS state on every site.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DomainHttps {
+    /// Every site serves a valid certificate for the domain.
+    pub servable: bool,
+    pub sites: Vec<SiteCertificate>,
+}
+
+/// The sites to check and how.
+pub struct CertChecks {
+    sites: Vec<(String, String)>,
+    connector: TlsConnector,
+    deadline: Duration,
+    /// None with a zero `--tls-check-cache-secs`: every look is a new check.
+    cache: Option<moka::future::Cache<String, Arc<DomainHttps>>>,
+}
+
+/// `NAME=HOST:PORT` items of `--tls-sites`.
+pub fn parse_sites(items: &[String]) -> Result<Vec<(String, String)>, String> {
+    items
+        .iter()
+        .map(|item| {
+            let (name, addr) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--tls-sites: {item:?} is not NAME=HOST:PORT"))?;
+            let name_ok = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            let port_ok = addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !name_ok || !port_ok {
+                return Err(format!("--tls-sites: {item:?} is not NAME=HOST:PORT"));
+            }
+            Ok((name.to_string(), addr.to_string()))
+        })
+        .collect()
+}
+
+impl CertChecks {
+    /// `None` without sites (the API then shows no `https` field).
+    pub fn new(
+        sites: Vec<(String, String)>,
+        ca_file: Option<&std::path::Path>,
+        deadline: Duration,
+        cache_for: Duration,
+    ) -> Result<Option<Self>, String> {
+        if sites.is_empty() {
+            return Ok(None);
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        // The system's roots (a public ACME CA's chain verifies against them).
+        let native = rustls_native_certs::load_native_certs();
+        roots.add_parsable_certificates(native.certs);
+        if let Some(path) = ca_file {
+            let shown = path.display();
+            let pem = std::fs::read(path).map_err(|e| format!("--tls-ca-file {shown}: {e}"))?;
+            let ders = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("--tls-ca-file {shown}: not PEM certificates: {e:?}"))?;
+            if ders.is_empty() {
+                return Err(format!("--tls-ca-file {shown}: no certificate in it"));
+            }
+            for der in ders {
+                roots
+                    .add(der)
+                    .map_err(|e| format!("--tls-ca-file {shown}: {e}"))?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS client: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Some(CertChecks {
+            sites,
+            connector: TlsConnector::from(Arc::new(config)),
+            deadline,
+            cache: (!cache_for.is_zero()).then(|| {
+                moka::future::Cache::builder()
+                    .max_capacity(10_000)
+                    .time_to_live(cache_for)
+                    .build()
+            }),
+        }))
+    }
+
+    /// `domain`'s state on every site (a normalised domain name), from the cache when fresh.
+    pub async fn of(&self, domain: &str) -> Arc<DomainHttps> {
+        match &self.cache {
+            Some(c) => c.get_with(domain.to_string(), self.check_all(domain)).await,
+            None => self.check_all(domain).await,
+        }
+    }
+
+    async fn check_all(&self, domain: &str) -> Arc<DomainHttps> {
+        // All sites at once (a handful), each within the deadline.
+        let sites: Vec<SiteCertificate> = join_all(
+            self.sites
+                .iter()
+                .map(|(site, addr)| self.check(site, addr, domain)),
+        )
+        .await;
+        Arc::new(DomainHttps {
+            servable: sites.iter().all(|s| s.state == "valid"),
+            sites,
+        })
+    }
+
+    /// Forget `domain`'s state (a registration wants a fresh look).
+    pub async fn invalidate(&self, domain: &str) {
+        if let Some(c) = &self.cache {
+            c.invalidate(domain).await;
+        }
+    }
+
+    async fn check(&self, site: &str, addr: &str, domain: &str) -> SiteCertificate {
+        let answer = |state, not_after, detail| SiteCertificate {
+            site: site.to_string(),
+            state,
+            not_after,
+            detail,
+        };
+        let Ok(name) = ServerName::try_from(domain.to_string()) else {
+            return answer("invalid", None, Some("not a TLS server name".into()));
+        };
+        let handshake = async {
+            let tcp = TcpStream::connect(addr).await.map_err(Failure::Connect)?;
+            self.connector
+                .connect(name, tcp)
+                .await
+                .map_err(Failure::Handshake)
+        };
+        match tokio::time::timeout(self.deadline, handshake).await {
+            Err(_) => answer("unreachable", None, Some("no TLS answer in time".into())),
+            Ok(Err(Failure::Connect(e))) => answer("unreachable", None, Some(e.to_string())),
+            Ok(Err(Failure::Handshake(e))) => {
+                let state = match e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                {
+                    Some(rustls::Error::InvalidCertificate(_)) => "invalid",
+                    // The site closed or refused the handshake for this name: it has no
+                    // certificate for it (nginx fails a handshake whose certificate file is
+                    // missing; it never falls back to another domain's).
+                    Some(rustls::Error::AlertReceived(_)) => "missing",
+                    None if e.kind() == std::io::ErrorKind::UnexpectedEof => "missing",
+                    _ => "invalid",
+                };
+                answer(state, None, Some(e.to_string()))
+            }
+            Ok(Ok(tls)) => {
+                let not_after = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| not_after(leaf.as_ref()));
+                answer("valid", not_after, None)
+            }
+        }
+    }
+}
+
+enum Failure {
+    Connect(std::io::Error),
+    Handshake(std::io::Error),
+}
+
+/// The expiry of a DER certificate, RFC 3339.
+fn not_after(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let secs = cert.validity().not_after.timestamp();
+    chrono::DateTime::from_timestamp(secs, 0).map(|t| t.to_rfc3339())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sites_are_name_equals_host_port() {
+        let ok = parse_sites(&[
+            "frontend=127.0.0.1:8443".into(),
+            "lr-1=lr.example:443".into(),
+        ])
+        .unwrap();
+        assert_eq!(ok[1], ("lr-1".to_string(), "lr.example:443".to_string()));
+        for bad in [
+            "frontend",
+            "=1.2.3.4:443",
+            "a=host",
+            "a=:443",
+            "a b=h:1",
+            "a=h:99999",
+        ] {
+            assert!(parse_sites(&[bad.into()]).is_err(), "{bad}");
+        }
+    }
+}
