@@ -27,6 +27,18 @@ zl_start_prometheus() {
     --web.listen-address="127.0.0.1:$(zl_port prometheus)" --web.enable-lifecycle
 }
 zl_ready_prometheus() { curl -sf -m 2 "http://127.0.0.1:$(zl_port prometheus)/-/ready" >/dev/null; }
+# zl_alerts_active_is NAME DOMAIN N: Prometheus has exactly N alerts NAME (pending or firing)
+# with label domain=DOMAIN.
+zl_alerts_active_is() {
+  local n
+  n="$(curl -sf -m 5 "http://127.0.0.1:$(zl_port prometheus)/api/v1/alerts" | python3 -c '
+import json, sys
+name, domain = sys.argv[1:3]
+alerts = json.load(sys.stdin)["data"]["alerts"]
+print(sum(1 for a in alerts if a["labels"].get("alertname") == name and a["labels"].get("domain") == domain))
+' "$1" "$2")" || return 1
+  [[ "$n" == "$3" ]]
+}
 ZL_TIMEOUT_prometheus=60
 zl_start_alertmanager() {
   local dir="$ZLINK_RUN/alertmanager"
