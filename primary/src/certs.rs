@@ -9,6 +9,7 @@
 use futures_util::future::join_all;
 use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -44,6 +45,9 @@ pub struct DomainHttps {
 /// The sites to check and how.
 pub struct CertChecks {
     sites: Vec<(String, String)>,
+    /// Per site, until when (ms since the epoch) it counts as unreachable without a new try:
+    /// a site that did not answer costs one deadline per window, not one per domain.
+    down_until: Vec<AtomicU64>,
     connector: TlsConnector,
     deadline: Duration,
     /// None with a zero `--tls-check-cache-secs`: every look is a new check.
@@ -111,6 +115,7 @@ impl CertChecks {
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(Some(CertChecks {
+            down_until: sites.iter().map(|_| AtomicU64::new(0)).collect(),
             sites,
             connector: TlsConnector::from(Arc::new(config)),
             deadline,
@@ -136,7 +141,8 @@ impl CertChecks {
         let sites: Vec<SiteCertificate> = join_all(
             self.sites
                 .iter()
-                .map(|(site, addr)| self.check(site, addr, domain)),
+                .enumerate()
+                .map(|(i, (site, addr))| self.check(i, site, addr, domain)),
         )
         .await;
         Arc::new(DomainHttps {
@@ -152,12 +158,21 @@ impl CertChecks {
         }
     }
 
-    async fn check(&self, site: &str, addr: &str, domain: &str) -> SiteCertificate {
+    async fn check(&self, i: usize, site: &str, addr: &str, domain: &str) -> SiteCertificate {
         let answer = |state, not_after, detail| SiteCertificate {
             site: site.to_string(),
             state,
             not_after,
             detail,
+        };
+        let now = now_ms();
+        if self.down_until[i].load(Ordering::Relaxed) > now {
+            let why = "no TLS answer at the last try; tried again within 30 s";
+            return answer("unreachable", None, Some(why.into()));
+        }
+        let unreachable = |detail: String| {
+            self.down_until[i].store(now_ms() + DOWN_FOR_MS, Ordering::Relaxed);
+            answer("unreachable", None, Some(detail))
         };
         let Ok(name) = ServerName::try_from(domain.to_string()) else {
             return answer("invalid", None, Some("not a TLS server name".into()));
@@ -170,8 +185,8 @@ impl CertChecks {
                 .map_err(Failure::Handshake)
         };
         match tokio::time::timeout(self.deadline, handshake).await {
-            Err(_) => answer("unreachable", None, Some("no TLS answer in time".into())),
-            Ok(Err(Failure::Connect(e))) => answer("unreachable", None, Some(e.to_string())),
+            Err(_) => unreachable("no TLS answer in time".into()),
+            Ok(Err(Failure::Connect(e))) => unreachable(e.to_string()),
             Ok(Err(Failure::Handshake(e))) => {
                 let state = match e
                     .get_ref()
@@ -198,6 +213,15 @@ impl CertChecks {
             }
         }
     }
+}
+
+/// How long a site that did not answer counts as unreachable without a new try.
+const DOWN_FOR_MS: u64 = 30_000;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 enum Failure {
@@ -234,5 +258,32 @@ mod tests {
         ] {
             assert!(parse_sites(&[bad.into()]).is_err(), "{bad}");
         }
+    }
+
+    /// A site that does not answer is unreachable, and costs one try per window: the next
+    /// domain's check does not connect again.
+    #[tokio::test]
+    async fn an_unreachable_site_is_tried_once_per_window() {
+        // A port nobody listens on: bound, then released.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let sites = vec![("gone".to_string(), format!("127.0.0.1:{port}"))];
+        let checks = CertChecks::new(sites, None, Duration::from_secs(2), Duration::ZERO)
+            .unwrap()
+            .expect("one site");
+        let first = checks.of("a.example").await;
+        assert!(!first.servable);
+        assert_eq!(first.sites[0].state, "unreachable");
+        assert!(!first.sites[0].detail.as_ref().unwrap().contains("last try"));
+        let second = checks.of("b.example").await;
+        assert_eq!(second.sites[0].state, "unreachable");
+        assert!(second.sites[0]
+            .detail
+            .as_ref()
+            .unwrap()
+            .contains("last try"));
     }
 }
