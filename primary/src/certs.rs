@@ -229,16 +229,124 @@ enum Failure {
     Handshake(std::io::Error),
 }
 
-/// The expiry of a DER certificate, RFC 3339.
+/// The expiry of a DER certificate, RFC 3339: `tbsCertificate.validity.notAfter` (RFC 5280),
+/// read by walking the DER to it. Twenty lines of ours instead of an X.509 parser and its
+/// dependency tree, for one field of a certificate the handshake has already verified.
 fn not_after(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let secs = cert.validity().not_after.timestamp();
-    chrono::DateTime::from_timestamp(secs, 0).map(|t| t.to_rfc3339())
+    let (0x30, cert, _) = tlv(der)? else {
+        return None;
+    };
+    let (0x30, tbs, _) = tlv(cert)? else {
+        return None;
+    };
+    // [0] version (absent for v1), then serialNumber, signature and issuer before validity.
+    let (tag, _, after_version) = tlv(tbs)?;
+    let mut rest = if tag == 0xa0 { after_version } else { tbs };
+    for _ in 0..3 {
+        rest = tlv(rest)?.2;
+    }
+    let (0x30, validity, _) = tlv(rest)? else {
+        return None;
+    };
+    let (tag, time, _) = tlv(tlv(validity)?.2)?;
+    let text = std::str::from_utf8(time).ok()?;
+    let full = match tag {
+        // UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1).
+        0x17 => {
+            let yy: u32 = text.get(..2)?.parse().ok()?;
+            format!(
+                "{}{}",
+                if yy >= 50 { 1900 + yy } else { 2000 + yy },
+                text.get(2..)?
+            )
+        }
+        // GeneralizedTime YYYYMMDDHHMMSSZ.
+        0x18 => text.to_string(),
+        _ => return None,
+    };
+    let t = chrono::NaiveDateTime::parse_from_str(&full, "%Y%m%d%H%M%SZ").ok()?;
+    Some(t.and_utc().to_rfc3339())
+}
+
+/// The DER element at the start of `b`: (tag, contents, what follows).
+fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = b.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An openssl-made certificate (`openssl req -x509 -days 30`, notAfter as UTCTime).
+    const CERT: &str = "MIIBfjCCASOgAwIBAgIUZGRHZTxkxBqzPgqA7iSDVIrV8CYwCgYIKoZIzj0EAwIw\
+        FDESMBAGA1UEAwwJdC5leGFtcGxlMB4XDTI2MTEyNzE4MjIxNFoXDTI2MTIyNzE4\
+        MjIxNFowFDESMBAGA1UEAwwJdC5leGFtcGxlMFkwEwYHKoZIzj0CAQYIKoZIzj0D\
+        AQcDQgAE6vwjefdfjCEpyetrxY+RGtG+5JUJyJuEOsJecb1cSviju5ziLt4bH1FE\
+        1D/jJrA49icSVCbkG8+GQ+wthuO5OaNTMFEwHQYDVR0OBBYEFFMe0RX8PpyFOinn\
+        yXqnw0+Kk5fkMB8GA1UdIwQYMBaAFFMe0RX8PpyFOinnyXqnw0+Kk5fkMA8GA1Ud\
+        EwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSQAwRgIhAN7Qv3KGJBU6CXZzvV5ANcnL\
+        BfsQYGb3wiGWzcuudIVoAiEA9AS/l9TsKPnNoi+CMH+Ai1mA6ILZ1SfzGeb2BEMx\
+        Wl4=";
+
+    fn der_of(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
+        let body: Vec<u8> = parts.concat();
+        let mut out = vec![tag];
+        if body.len() < 0x80 {
+            out.push(body.len() as u8);
+        } else {
+            out.extend([0x82, (body.len() >> 8) as u8, body.len() as u8]);
+        }
+        out.extend(body);
+        out
+    }
+
+    #[test]
+    fn the_expiry_is_read_from_the_certificate() {
+        use base64::Engine;
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(CERT)
+            .unwrap();
+        assert_eq!(
+            not_after(&der).as_deref(),
+            Some("2026-12-27T18:22:14+00:00")
+        );
+        // A v1 certificate (no version field) with GeneralizedTime past 2049.
+        let gen = |t: &str| der_of(0x18, &[t.as_bytes()]);
+        let validity = der_of(0x30, &[&gen("20500101000000Z"), &gen("20600102030405Z")]);
+        let tbs = der_of(
+            0x30,
+            &[
+                &der_of(0x02, &[&[1]]),
+                &der_of(0x30, &[]),
+                &der_of(0x30, &[]),
+                &validity,
+            ],
+        );
+        let cert = der_of(0x30, &[&tbs]);
+        assert_eq!(
+            not_after(&cert).as_deref(),
+            Some("2060-01-02T03:04:05+00:00")
+        );
+        // Truncated or not a certificate: none, never a panic.
+        for n in 0..der.len() {
+            let _ = not_after(&der[..n]);
+        }
+        assert_eq!(not_after(b"not DER"), None);
+    }
 
     #[test]
     fn sites_are_name_equals_host_port() {
