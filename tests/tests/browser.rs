@@ -329,8 +329,9 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
     b.screenshot("owner-stats").await;
     b.find("#chart-devices rect[data-clicks='1']", WAIT).await;
 
-    // The QR code the page shows (and offers to download) reads back as the short URL.
-    let img = b.find("#qr-img", WAIT).await;
+    // The QR code the page shows (and offers to download) reads back as the short URL. The
+    // image element is in the page from the start; its source is set once the code is fetched.
+    let img = b.find("#qr-img[src^='blob:']", WAIT).await;
     let src = b.attr(&img, "src").await.unwrap_or_default();
     assert!(src.starts_with("blob:"), "{src}");
     let dl = b.find("#qr-download", WAIT).await;
