@@ -167,6 +167,9 @@ mod tests {
     fn this_workspace_dockerfile_passes() {
         let root = crate::workspace_root();
         let images = check(&root).unwrap();
-        assert_eq!(images, ["primary", "clicks", "replicator", "lastresort"]);
+        assert_eq!(
+            images,
+            ["primary", "clicks", "replicator", "lastresort", "tls-init"]
+        );
     }
 }
