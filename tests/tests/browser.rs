@@ -332,12 +332,14 @@ async fn the_owner_page_creates_lists_charts_a_click_and_its_qr_code_reads_back(
         b.click(&b.find("#refresh", WAIT).await).await;
     }
     assert_eq!(total, "1", "the click is counted and shown");
-    let bar = b.find("#chart-days rect[data-clicks='1']", WAIT).await;
+    // Today's bar, found by its attributes: a refresh still in flight may redraw the chart,
+    // which would leave an element found earlier stale.
     let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
-    assert_eq!(
-        b.attr(&bar, "data-date").await.as_deref(),
-        Some(today.as_str())
-    );
+    b.find(
+        &format!("#chart-days rect[data-clicks='1'][data-date='{today}']"),
+        WAIT,
+    )
+    .await;
     b.screenshot("owner-stats").await;
     b.find("#chart-devices rect[data-clicks='1']", WAIT).await;
 
