@@ -115,7 +115,12 @@ async fn main() -> anyhow::Result<()> {
     let mut client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(Duration::from_secs(5))
-        .pool_max_idle_per_host(64);
+        .pool_max_idle_per_host(64)
+        // Below nginx's keep-alive timeout (30 s): a connection nginx is closing as idle, reused
+        // at that moment, fails with no answer. Browsers retry such a request; a client that
+        // does not must not hold connections that long (counted once as a failed answer in a
+        // fast drill, after a slow phase had opened many connections).
+        .pool_idle_timeout(Duration::from_secs(20));
     if let Some(ca) = &a.ca_file {
         let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
         client = client.add_root_certificate(reqwest::Certificate::from_pem(&pem)?);
