@@ -10,6 +10,7 @@
 //! - [`ops`]: the ops endpoint (`/healthz`, `/readyz`, `/metrics`) of the background services.
 //! - [`clock`]: time as a dependency (a manual clock for tests).
 //! - [`spool`]: the durable on-disk record spool (segments, checksums, batched fsync).
+//! - [`tls`]: CA files of the command line, checked as trust anchors (S3's, the domain API's).
 //! - [`clicks`]: click events: built per redirect, spooled, replayed to Kafka.
 //! - [`geo`]: country and city of a client address (MaxMind-format database, hot reload).
 //! - [`trace`]: W3C trace context, spans exported over OTLP, sampled request logs.
@@ -26,6 +27,7 @@ pub mod ops;
 pub mod process;
 pub mod s3;
 pub mod spool;
+pub mod tls;
 pub mod trace;
 
 use std::fmt;

@@ -85,26 +85,10 @@ impl S3Config {
     }
 }
 
-/// The CA certificates of `path`: a PEM file holding at least one certificate, each one usable
-/// as a trust anchor (checked here, once at start-up, with a clear error, because the SDK's
-/// TLS layer panics on a certificate it cannot parse).
+/// The CA certificates of `path` (checked here, once at start-up, with a clear error, because
+/// the SDK's TLS layer panics on a certificate it cannot parse).
 pub fn read_ca_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    use rustls::pki_types::{pem::PemObject, CertificateDer};
-    let shown = path.display();
-    let pem = std::fs::read(path).map_err(|e| format!("--s3-ca-file {shown}: {e}"))?;
-    let ders = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("--s3-ca-file {shown}: not PEM certificates: {e:?}"))?;
-    if ders.is_empty() {
-        return Err(format!("--s3-ca-file {shown}: no certificate in it"));
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for der in ders {
-        roots.add(der).map_err(|e| {
-            format!("--s3-ca-file {shown}: a certificate is not usable as a CA: {e}")
-        })?;
-    }
-    Ok(pem)
+    crate::tls::read_ca_file("--s3-ca-file", path, &mut rustls::RootCertStore::empty())
 }
 
 /// The SDK's HTTPS client (hyper 1 and rustls on aws-lc, as its default) trusting the system's

@@ -7,7 +7,7 @@
 //! handshake per domain and site in that window; each handshake has a deadline.
 
 use futures_util::future::join_all;
-use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -94,19 +94,7 @@ impl CertChecks {
         let native = rustls_native_certs::load_native_certs();
         roots.add_parsable_certificates(native.certs);
         if let Some(path) = ca_file {
-            let shown = path.display();
-            let pem = std::fs::read(path).map_err(|e| format!("--tls-ca-file {shown}: {e}"))?;
-            let ders = CertificateDer::pem_slice_iter(&pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("--tls-ca-file {shown}: not PEM certificates: {e:?}"))?;
-            if ders.is_empty() {
-                return Err(format!("--tls-ca-file {shown}: no certificate in it"));
-            }
-            for der in ders {
-                roots
-                    .add(der)
-                    .map_err(|e| format!("--tls-ca-file {shown}: {e}"))?;
-            }
+            zlink_clients::tls::read_ca_file("--tls-ca-file", path, &mut roots)?;
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
