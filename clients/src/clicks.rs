@@ -85,6 +85,9 @@ pub struct ClickArgs {
     /// redirects and clicks unaffected.
     #[arg(long, env = "ZLINK_GEOIP_DB")]
     pub geoip_db: Option<std::path::PathBuf>,
+    /// TLS on the replayer's way to Kafka.
+    #[command(flatten)]
+    pub kafka_tls: crate::kafka::KafkaTlsArgs,
 }
 
 /// How often a click may `stat` the GeoIP database for a newer file.
@@ -125,7 +128,7 @@ impl ClickArgs {
         if !(100..=300_000).contains(&self.clicks_timeout_ms) {
             return Err("--clicks-timeout-ms must be between 100 and 300000".into());
         }
-        Ok(())
+        self.kafka_tls.validate()
     }
 }
 

@@ -8,10 +8,14 @@ pub struct Infra {
     pub cql: String,
     pub memcached: String,
     pub kafka: String,
+    /// The same Kafka over TLS (the broker's SSL listener), its certificate issued by the CA in
+    /// `s3_ca_file`: what the tests' lastresort processes replay clicks to.
+    pub kafka_tls: String,
     pub s3_endpoint: String,
     /// The same S3 over HTTPS, its certificate issued by the CA in `s3_ca_file`: what every
     /// last-resort host of the tests reads (rung 3 and the lastresort processes).
     pub s3_tls_endpoint: String,
+    /// The test servers' CA (S3's and Kafka's certificates).
     pub s3_ca_file: String,
     pub s3_bucket: String,
     pub s3_access_key: String,
@@ -30,6 +34,7 @@ impl Infra {
             cql: get("ZLINK_TEST_CQL"),
             memcached: get("ZLINK_TEST_MEMCACHED"),
             kafka: get("ZLINK_TEST_KAFKA"),
+            kafka_tls: get("ZLINK_TEST_KAFKA_TLS"),
             s3_endpoint: get("ZLINK_TEST_S3_ENDPOINT"),
             s3_tls_endpoint: get("ZLINK_TEST_S3_TLS_ENDPOINT"),
             s3_ca_file: get("ZLINK_TEST_S3_CA_FILE"),

@@ -252,7 +252,9 @@ impl LastresortHandle {
 }
 
 /// lastresort's command line for `endpoint`/`prefix`: `extra` flags win; unless given, clicks
-/// are replayed to the shared Kafka from a fresh spool directory (returned, deleted on drop).
+/// are replayed to the shared Kafka over TLS (verified against the test servers' CA, as a
+/// last-resort host replays across the WAN) from a fresh spool directory (returned, deleted on
+/// drop).
 pub fn lastresort_argv(
     infra: &Infra,
     endpoint: &str,
@@ -277,7 +279,10 @@ pub fn lastresort_argv(
     .map(|s| s.to_string())
     .collect();
     if !extra.contains(&"--kafka") {
-        argv.extend(["--kafka".to_string(), infra.kafka.clone()]);
+        argv.extend(["--kafka".to_string(), infra.kafka_tls.clone()]);
+        if !extra.contains(&"--kafka-ca-file") {
+            argv.extend(["--kafka-ca-file".to_string(), infra.s3_ca_file.clone()]);
+        }
     }
     // S3 over HTTPS: the certificate verified against the test servers' CA.
     if endpoint.starts_with("https://") && !extra.contains(&"--s3-ca-file") {

@@ -184,6 +184,7 @@ impl Clicks {
             // Clicks are small JSON documents much alike: lz4 batches cut the broker's
             // bytes to write and checksum (its CPU per click) at little cost here.
             .set("compression.type", "lz4");
+        args.kafka_tls.apply(&mut config);
         let producer = HealingProducer::new(config, metrics.producer_resets.clone())
             .map_err(|e| format!("creating the clicks producer: {e}"))?;
         let stop = CancellationToken::new();

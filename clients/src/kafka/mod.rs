@@ -63,6 +63,52 @@ pub fn producer(brokers: &str, client_id: &str) -> ClientConfig {
     c
 }
 
+/// TLS to the brokers, for a client whose way to Kafka crosses a network it does not trust (the
+/// last-resort hosts' click replay over the WAN). librdkafka speaks TLS through OpenSSL, not
+/// rustls; what matters is the same: the broker's certificate is verified against the CA and
+/// its name (`ssl.endpoint.identification.algorithm=https`: the bootstrap or advertised host,
+/// a DNS name or an IP address) is checked. There is no switch to skip either.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct KafkaTlsArgs {
+    /// Speak TLS to Kafka, verifying the brokers against the system's CA store.
+    #[arg(long, env = "ZLINK_KAFKA_TLS", default_value_t = false)]
+    pub kafka_tls: bool,
+    /// Speak TLS to Kafka, verifying the brokers against the CA certificates of this PEM file
+    /// only (a private CA: Strimzi's cluster CA, the local topology's). Implies --kafka-tls.
+    #[arg(long, env = "ZLINK_KAFKA_CA_FILE")]
+    pub kafka_ca_file: Option<std::path::PathBuf>,
+}
+
+impl KafkaTlsArgs {
+    pub fn enabled(&self) -> bool {
+        self.kafka_tls || self.kafka_ca_file.is_some()
+    }
+
+    /// The CA file is PEM with at least one certificate usable as a trust anchor (checked with
+    /// the same reader as `--s3-ca-file`), so a wrong path fails at start-up, not at the
+    /// first replay.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(path) = &self.kafka_ca_file {
+            let mut roots = rustls::RootCertStore::empty();
+            crate::tls::read_ca_file("--kafka-ca-file", path, &mut roots)?;
+        }
+        Ok(())
+    }
+
+    /// The client settings: nothing when TLS is off.
+    pub fn apply<'a>(&self, c: &'a mut ClientConfig) -> &'a mut ClientConfig {
+        if self.enabled() {
+            c.set("security.protocol", "ssl")
+                .set("enable.ssl.certificate.verification", "true")
+                .set("ssl.endpoint.identification.algorithm", "https");
+            if let Some(path) = &self.kafka_ca_file {
+                c.set("ssl.ca.location", path.display().to_string());
+            }
+        }
+        c
+    }
+}
+
 /// What a cluster's metadata says of its health.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClusterHealth {
@@ -170,6 +216,56 @@ pub fn store_done(consumer: &StreamConsumer, topic: &str, partition: i32, offset
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_tls_settings_verify_the_broker_and_are_absent_when_off() {
+        let mut off = ClientConfig::new();
+        KafkaTlsArgs::default().apply(&mut off);
+        assert_eq!(off.get("security.protocol"), None);
+
+        let ca = KafkaTlsArgs {
+            kafka_tls: false,
+            kafka_ca_file: Some("/etc/zlink/kafka-ca.crt".into()),
+        };
+        let mut on = ClientConfig::new();
+        ca.apply(&mut on);
+        assert_eq!(on.get("security.protocol"), Some("ssl"));
+        assert_eq!(on.get("enable.ssl.certificate.verification"), Some("true"));
+        assert_eq!(
+            on.get("ssl.endpoint.identification.algorithm"),
+            Some("https")
+        );
+        assert_eq!(on.get("ssl.ca.location"), Some("/etc/zlink/kafka-ca.crt"));
+
+        let system = KafkaTlsArgs {
+            kafka_tls: true,
+            kafka_ca_file: None,
+        };
+        let mut sys = ClientConfig::new();
+        system.apply(&mut sys);
+        assert_eq!(sys.get("security.protocol"), Some("ssl"));
+        assert_eq!(sys.get("ssl.ca.location"), None);
+    }
+
+    #[test]
+    fn a_kafka_ca_file_that_is_not_a_certificate_fails_validation_naming_the_flag() {
+        let dir = std::env::temp_dir().join(format!("zlink-kafka-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("not-a-ca.pem");
+        std::fs::write(&bad, "hello").unwrap();
+        let args = KafkaTlsArgs {
+            kafka_tls: false,
+            kafka_ca_file: Some(bad),
+        };
+        let err = args.validate().unwrap_err();
+        assert!(err.starts_with("--kafka-ca-file "), "{err}");
+        let missing = KafkaTlsArgs {
+            kafka_tls: false,
+            kafka_ca_file: Some(dir.join("absent.pem")),
+        };
+        assert!(missing.validate().unwrap_err().contains("absent.pem"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn cluster_health_counts_partitions_short_of_replicas_and_without_a_leader() {

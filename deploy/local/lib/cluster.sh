@@ -61,6 +61,10 @@ zl_cql_nodes() {
 zl_kafka_bootstrap() {
   if zl_cluster; then zl_node_endpoints zl_node_client_addr kafka $(zl_brokers); else echo "127.0.0.1:$(zl_port kafka)"; fi
 }
+# The same over TLS (the brokers' SSL listeners): the lastresorts' click replay.
+zl_kafka_tls_bootstrap() {
+  if zl_cluster; then zl_node_endpoints zl_node_client_addr kafka-tls $(zl_brokers); else echo "127.0.0.1:$(zl_port kafka-tls)"; fi
+}
 # A ring node or a broker (those with a fault proxy in cluster mode).
 zl_cluster_proxied() { zl_cluster && [[ "$1" =~ ^(cassandra|kafka)-[0-9]+$ ]]; }
 # The fault proxies of the ring's nodes and the brokers, as zl_start_toxiproxy's route lines.
@@ -69,6 +73,9 @@ zl_cluster_proxies() {
   for n in $(zl_store_nodes) $(zl_brokers); do
     port=cql; [[ "$n" == kafka-* ]] && port=kafka
     echo "$n $(zl_node_client_addr "$n"):$(zl_port "$port") $(zl_node_addr "$n"):$(zl_port "$port")"
+    # A broker's SSL listener has a proxy of its own (kafka-N-tls), faulted with kafka-N.
+    [[ "$n" == kafka-* ]] &&
+      echo "$n-tls $(zl_node_client_addr "$n"):$(zl_port kafka-tls) $(zl_node_addr "$n"):$(zl_port kafka-tls)"
   done
 }
 # The keyspace's replication factor.
@@ -146,7 +153,9 @@ zl_start_kafka_node() {
   zl_spawn_kafka "$name" "$ZLINK_RUN/$name" broker "${name##*-}" "$(zl_node_addr "$name")" \
     "$(zl_kafka_voters)" "$(zl_kafka_cluster_props)" "$(zl_node_client_addr "$name")"
 }
-zl_ready_kafka_node() { zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)"; }
+zl_ready_kafka_node() {
+  zl_probe kafka "$(zl_node_addr "$1")" "$(zl_port kafka)" && zl_tls_handshake "$(zl_node_addr "$1")" "$(zl_port kafka-tls)"
+}
 ZL_TIMEOUT_kafka_node=120
 zl_start_kafka_controller() {
   local name="$1"

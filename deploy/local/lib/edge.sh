@@ -131,6 +131,27 @@ zl_tls_s3() {
   "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/s3/tls-combined.pem" \
     --days "$ZLINK_TLS_DAYS" localhost 127.0.0.1
 }
+# The brokers' certificate (each broker's SSL listener reads it at start), one for all of them:
+# localhost, 127.0.0.1 and every node and client address of the clustered mode (librdkafka
+# checks the advertised address against it: OpenSSL matches IP addresses too).
+zl_tls_kafka() {
+  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
+  [[ -f "$ZLINK_RUN/tls/kafka/tls-combined.pem" ]] && return 0
+  local i names=(localhost 127.0.0.1)
+  for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do names+=("127.0.0.$((1 + i))" "127.0.1.$((1 + i))"); done
+  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/kafka/tls-combined.pem" \
+    --days "$ZLINK_TLS_DAYS" "${names[@]}"
+}
+# zl_tls_handshake HOST PORT: a TLS handshake verified against the local CA for HOST succeeds.
+zl_tls_handshake() {
+  python3 - "$1" "$2" "$(zl_tls_ca)" <<'PY' 2>/dev/null
+import socket, ssl, sys
+host, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ctx = ssl.create_default_context(cafile=ca)
+with socket.create_connection((host, port), timeout=2) as s, ctx.wrap_socket(s, server_hostname=host):
+    pass
+PY
+}
 # The CA, and each site's default certificate where it is missing or was issued for other names
 # (ZLINK_SHORT_DOMAINS changed).
 zl_tls_ensure() {

@@ -58,7 +58,8 @@ share.coordinator.state.topic.min.isr=1"
 # (ROLES: broker, controller or both) listening on ADDR (the broker on the kafka port, the
 # controller on the kafka-controller port: the same ports on every address), in the controller
 # quorum VOTERS, with the server.properties lines EXTRA (replication of the internal topics,
-# failure detection). A broker with a CLIENT_ADDR other than ADDR (its fault proxy's) tells
+# failure detection). A broker also has an SSL listener (the kafka-tls port, the certificate of
+# zl_tls_kafka) for the clients that cross a network (the lastresorts). A broker with a CLIENT_ADDR other than ADDR (its fault proxy's) tells
 # clients to come there, and the brokers replicate among themselves on a listener of their own
 # (INTERNAL, the kafka-internal port), directly. Its log dir is formatted with the topology's
 # cluster id before its first start.
@@ -66,8 +67,9 @@ zl_spawn_kafka() {
   local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7" client="${8:-$5}"
   local listeners=() advertised=() heap=512m internal=PLAINTEXT
   if [[ "$roles" == *broker* ]]; then
-    listeners+=("PLAINTEXT://$addr:$(zl_port kafka)")
-    advertised+=("PLAINTEXT://$client:$(zl_port kafka)")
+    listeners+=("PLAINTEXT://$addr:$(zl_port kafka)" "SSL://$addr:$(zl_port kafka-tls)")
+    advertised+=("PLAINTEXT://$client:$(zl_port kafka)" "SSL://$client:$(zl_port kafka-tls)")
+    zl_tls_kafka || return 1
     if [[ "$client" != "$addr" ]]; then
       internal=INTERNAL
       listeners+=("INTERNAL://$addr:$(zl_port kafka-internal)")
@@ -85,7 +87,10 @@ node.id=$id
 controller.quorum.voters=$voters
 listeners=$(IFS=,; echo "${listeners[*]}")
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT
+ssl.keystore.type=PEM
+ssl.keystore.location=$ZLINK_RUN/tls/kafka/tls-combined.pem
+ssl.client.auth=none
 log.dirs=$dir/data
 num.partitions=1
 auto.create.topics.enable=false
@@ -111,6 +116,7 @@ EOF
 }
 zl_ready_kafka() {
   zl_probe kafka 127.0.0.1 "$(zl_port kafka)" || return 1
+  zl_tls_handshake 127.0.0.1 "$(zl_port kafka-tls)" || return 1
   # Topics exist (created once, idempotently) = ready for producers and consumers.
   [[ -f "$ZLINK_RUN/kafka/topics.ok" ]] && return 0
   zl_kafka_topics kafka "127.0.0.1:$(zl_port kafka)" 1 && touch "$ZLINK_RUN/kafka/topics.ok"

@@ -127,21 +127,25 @@ zl_fault() {
     fault:slow | fault:blackhole | heal:slow | heal:blackhole)
       zl_fault_proxies && { zl_proxied_port "$name" >/dev/null || zl_cluster_proxied "$name"; } ||
         zl_die "$kind needs a fault proxy in front of $name (proxied: cassandra memcached s3 primary-N lastresort-N, cassandra-N kafka-N; ZLINK_FAULT_PROXIES=1)"
-      local t
-      for t in "$kind-down" "$kind-up"; do zl_toxi DELETE "/proxies/$name/toxics/$t" 2>/dev/null || true; done
-      [[ "$action" == heal ]] && return 0
-      if [[ "$kind" == slow ]]; then
-        zl_toxi POST "/proxies/$name/toxics" \
-          "{\"name\":\"slow-down\",\"type\":\"latency\",\"stream\":\"downstream\",\"attributes\":{\"latency\":${ZLINK_FAULT_SLOW_MS:-1000},\"jitter\":0}}"
-        zl_toxi POST "/proxies/$name/toxics" \
-          "{\"name\":\"slow-up\",\"type\":\"bandwidth\",\"stream\":\"downstream\",\"attributes\":{\"rate\":${ZLINK_FAULT_SLOW_KBPS:-64}}}"
-      else
-        local stream
-        for stream in down up; do
-          zl_toxi POST "/proxies/$name/toxics" \
-            "{\"name\":\"blackhole-$stream\",\"type\":\"timeout\",\"stream\":\"${stream}stream\",\"attributes\":{\"timeout\":0}}"
-        done
-      fi
+      local t proxy proxies=("$name")
+      # A broker is reached on two listeners, each through a proxy of its own.
+      zl_cluster_proxied "$name" && [[ "$name" == kafka-* ]] && proxies+=("$name-tls")
+      for proxy in "${proxies[@]}"; do
+        for t in "$kind-down" "$kind-up"; do zl_toxi DELETE "/proxies/$proxy/toxics/$t" 2>/dev/null || true; done
+        [[ "$action" == heal ]] && continue
+        if [[ "$kind" == slow ]]; then
+          zl_toxi POST "/proxies/$proxy/toxics" \
+            "{\"name\":\"slow-down\",\"type\":\"latency\",\"stream\":\"downstream\",\"attributes\":{\"latency\":${ZLINK_FAULT_SLOW_MS:-1000},\"jitter\":0}}"
+          zl_toxi POST "/proxies/$proxy/toxics" \
+            "{\"name\":\"slow-up\",\"type\":\"bandwidth\",\"stream\":\"downstream\",\"attributes\":{\"rate\":${ZLINK_FAULT_SLOW_KBPS:-64}}}"
+        else
+          local stream
+          for stream in down up; do
+            zl_toxi POST "/proxies/$proxy/toxics" \
+              "{\"name\":\"blackhole-$stream\",\"type\":\"timeout\",\"stream\":\"${stream}stream\",\"attributes\":{\"timeout\":0}}"
+          done
+        fi
+      done
       ;;
     fault:cut | heal:cut)
       zl_netns || zl_die "cut needs the network-namespace mode (ZLINK_NETNS=1)"

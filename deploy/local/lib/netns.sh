@@ -67,19 +67,22 @@ zl_site_ports() {
 # links. gw-site: the mirror image; the site reaches S3 at the address it is configured with
 # (zl_addr s3), over its own link.
 zl_gw_routes() {
-  local side="$1" p k s w
-  k="$(zl_port kafka)" s="$(zl_port s3-tls)" w="$(zl_netns_addr wan-site)"
+  local side="$1" p k kt s w
+  k="$(zl_port kafka)" kt="$(zl_port kafka-tls)" s="$(zl_port s3-tls)" w="$(zl_netns_addr wan-site)"
   for p in $(zl_site_ports); do
     if [[ "$side" == dc ]]; then echo "site-$p 127.0.0.1:$p $w:$p"; else echo "site-$p $w:$p 127.0.0.1:$p"; fi
   done
   # On the dc's link addresses Kafka and S3 get ports of their own (gw-kafka, gw-s3): SeaweedFS
   # refuses to start while its port is bound on any address.
   local dk="$(zl_netns_addr wan-dc):$(zl_port gw-kafka)" ds="$(zl_netns_addr s3-dc):$(zl_port gw-s3)"
+  local dkt="$(zl_netns_addr wan-dc):$(zl_port gw-kafka-tls)"
   if [[ "$side" == dc ]]; then
     echo "kafka $dk 127.0.0.1:$k"
+    echo "kafka-tls $dkt 127.0.0.1:$kt"
     echo "s3 $ds 127.0.0.1:$s"
   else
     echo "kafka 127.0.0.1:$k $dk"
+    echo "kafka-tls 127.0.0.1:$kt $dkt"
     echo "s3 $(zl_addr s3) $ds"
   fi
 }

@@ -105,10 +105,12 @@ zl_start_lastresort() {
     # Only what a last-resort host would have: S3, its memcached, Kafka for click replay (may be
     # down), the shared IP-hash salt. Nothing of primary's.
     ZLINK_IP_HASH_SALT="$(zl_secret ip-hash-salt)"
-    export ZLINK_IP_HASH_SALT ZLINK_SHORT_DOMAINS RUST_LOG="${RUST_LOG:-info}"
+    # Click replay crosses the WAN: TLS to the brokers, verified against the local CA.
+    ZLINK_KAFKA_CA_FILE="$(zl_tls_ca)"
+    export ZLINK_IP_HASH_SALT ZLINK_KAFKA_CA_FILE ZLINK_SHORT_DOMAINS RUST_LOG="${RUST_LOG:-info}"
     zl_worker_threads
     zl_spawn "$name" $(zl_site_exec) "$(zl_bin lastresort)" --listen "127.0.0.1:$(zl_port "$name")" --instance "$name" \
-      --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "$(zl_kafka_bootstrap)" \
+      --memcached "127.0.0.1:$(zl_port memcached-lr)" --kafka "$(zl_kafka_tls_bootstrap)" \
       --spool-dir "$ZLINK_RUN/spool/$name" --nginx-click-log "$(zl_nginx_click_log)"
   )
 }

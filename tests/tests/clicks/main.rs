@@ -285,6 +285,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
             .parse()
             .unwrap(),
         geoip_db: None,
+        kafka_tls: Default::default(),
     };
     let metrics = || ClickMetrics::register(&prometheus::Registry::new()).unwrap();
 
