@@ -76,9 +76,9 @@ zl_start_nginx() {
   conf="$(zl_render_nginx "$name")" || zl_die "rendering $name failed"
   local ns=()
   [[ "$name" == nginx-lastresort ]] && read -ra ns <<<"$(zl_site_exec)"
-  # The unix socket between its connection guard and its http server: nginx removes it when it
-  # stops, but a killed nginx leaves it behind, and bind() would then fail.
-  rm -f "$ZLINK_RUN/$name.sock"
+  # The unix sockets between its connection guard and its http server: nginx removes them when it
+  # stops, but a killed nginx leaves them behind, and bind() would then fail.
+  rm -f "$ZLINK_RUN/$name.sock" "$ZLINK_RUN/$name-tls.sock"
   "${ns[@]}" "$(zl_nginx_bin)" -t -q -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" >>"$(zl_logfile "$name")" 2>&1 ||
     zl_die "$name: nginx -t failed; see $(zl_logfile "$name")"
   zl_spawn "$name" "${ns[@]}" "$(zl_nginx_bin)" -p "$ZLINK_RUN" -c "$conf" -e "$ZLINK_RUN/logs/$name.error.log" -g 'daemon off;'
