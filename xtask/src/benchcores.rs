@@ -8,7 +8,7 @@ use crate::benchrun::parse_result;
 use std::collections::BTreeMap;
 
 /// The rows, in table order: name, what it is, and the row it is compared with as its floor.
-pub const ROWS: [(&str, &str, &str); 9] = [
+pub const ROWS: [(&str, &str, &str); 12] = [
     ("nginx-302", "nginx `return 302`, 1 worker", "floor-bare"),
     (
         "floor-bare",
@@ -38,11 +38,35 @@ pub const ROWS: [(&str, &str, &str); 9] = [
         "lastresort host nginx → lastresorts",
         "lr-proxy-floor",
     ),
+    (
+        "nginx-302-tls",
+        "nginx `return 302` over TLS, 1 worker",
+        "floor-bare",
+    ),
+    (
+        "proxy-floor-tls",
+        "frontend nginx → floor, over TLS",
+        "proxy-floor-tls",
+    ),
+    (
+        "frontend-tls",
+        "frontend nginx → primaries, over TLS",
+        "proxy-floor-tls",
+    ),
 ];
+
+/// The nginx `return 302` yardstick a row is read against: over TLS for the TLS rows.
+fn yardstick(row: &str) -> &'static str {
+    if row.ends_with("-tls") {
+        "nginx-302-tls"
+    } else {
+        "nginx-302"
+    }
+}
 
 /// The heading and table header of the section in docs/benchmarks.md.
 pub const MD_SECTION: &str = "## Pinned cores (`deploy/local/bench-cores`)\n\nServers under test pinned to their own core(s), wrk (1 thread, 16 connections, 300 hot links) and the rest of the topology on the other(s); medians of the run's rounds. Ratios are req/s over the bare hyper floor (`zlink-floor bare`) of the same run; the proxy rows over the same nginx config proxying to that floor. CPU is the server processes' own µs per request. On 2 cores the floor rows end with wrk's core ~99% busy (the floor's req/s is the load generator's ceiling): the CPU per request is the comparison to read (the run's table has it as CPU/fl).\n\n";
-pub const MD_HEADER: &str = "| date (UTC) | commit | server / load CPUs | nginx 302 req/s | floor req/s | floor CPU µs | nginx 302 / floor | kit / floor | primary / floor | primary CPU µs | lastresort / floor | lastresort CPU µs | frontend / proxy-floor | lr-host / lr-proxy-floor |";
+pub const MD_HEADER: &str = "| date (UTC) | commit | server / load CPUs | nginx 302 req/s | floor req/s | floor CPU µs | nginx 302 / floor | kit / floor | primary / floor | primary CPU µs | lastresort / floor | lastresort CPU µs | frontend / proxy-floor | lr-host / lr-proxy-floor | frontend TLS / nginx 302 TLS | proxy-floor TLS / nginx 302 TLS | frontend TLS / proxy-floor TLS |";
 
 /// Median of the values (None when empty).
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -138,7 +162,7 @@ pub fn report(lines: &str, date: &str, commit: &str, cpus: &str) -> (String, Str
             format!("{row}: {label}"),
             f(get(row, "rps"), 0),
             f(ratio(row, base), 2),
-            f(ratio(row, "nginx-302"), 2),
+            f(ratio(row, yardstick(row)), 2),
             f(get(row, "p99_ms"), 2),
             f(get(row, "cpu_us"), 1),
             f(get(row, "syscalls_per_req"), 2),
@@ -150,7 +174,7 @@ pub fn report(lines: &str, date: &str, commit: &str, cpus: &str) -> (String, Str
         ));
     }
     let row = format!(
-        "| {date} | {commit} | {cpus} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {date} | {commit} | {cpus} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         f(get("nginx-302", "rps"), 0),
         f(get("floor-bare", "rps"), 0),
         f(get("floor-bare", "cpu_us"), 1),
@@ -162,6 +186,9 @@ pub fn report(lines: &str, date: &str, commit: &str, cpus: &str) -> (String, Str
         f(get("lastresort", "cpu_us"), 1),
         f(ratio("frontend", "proxy-floor"), 2),
         f(ratio("lastresort-host", "lr-proxy-floor"), 2),
+        f(ratio("frontend-tls", "nginx-302-tls"), 2),
+        f(ratio("proxy-floor-tls", "nginx-302-tls"), 2),
+        f(ratio("frontend-tls", "proxy-floor-tls"), 2),
     );
     (table, row)
 }
@@ -206,6 +233,9 @@ RESULT step=floor-bare requests=950 rps=95000 p99_ms=0.5 errors=0 cpu_us_floor=9
 RESULT step=primary requests=500 rps=50000 p99_ms=1.0 errors=0 cpu_us_primary_1=18.0 round=1
 RESULT step=proxy-floor requests=300 rps=30000 p99_ms=1 errors=0 cpu_us_nginx=20.0 cpu_us_floor=10.0 round=1
 RESULT step=frontend requests=240 rps=24000 p99_ms=1 errors=0 cpu_us_nginx=21.0 cpu_us_primary_1=15.0 cpu_us_primary_2=0.5 round=1
+RESULT step=nginx-302-tls requests=800 rps=80000 p99_ms=1 errors=0 cpu_us_nginx=9.0 round=1
+RESULT step=proxy-floor-tls requests=280 rps=28000 p99_ms=1 errors=0 cpu_us_nginx=25.0 cpu_us_floor=10.0 round=1
+RESULT step=frontend-tls requests=200 rps=20000 p99_ms=1 errors=0 cpu_us_nginx=26.0 cpu_us_primary_1=15.0 round=1
 ";
 
     #[test]
@@ -226,6 +256,15 @@ RESULT step=frontend requests=240 rps=24000 p99_ms=1 errors=0 cpu_us_nginx=21.0 
         assert!(row.contains("| 0.53 | 18.0 |"), "{row}");
         assert!(row.contains("| 0.80 | - |"), "{row}");
         assert!(row.starts_with("| 2026-11-27 00:00 | abc | 0 / 1 | - | 95000 | 9.5 | - |"));
+        // Over TLS: the frontend and the proxy floor against the TLS yardstick, and each other.
+        assert!(row.ends_with("| 0.25 | 0.35 | 0.71 |"), "{row}");
+        assert!(
+            table.contains("frontend-tls: frontend nginx → primaries, over TLS")
+                && table.lines().any(|l| l.starts_with("frontend-tls")
+                    && l.split_whitespace().any(|w| w == "0.71")
+                    && l.split_whitespace().any(|w| w == "0.25")),
+            "{table}"
+        );
     }
 
     #[test]

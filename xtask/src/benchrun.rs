@@ -114,7 +114,8 @@ pub fn load(l: &Load) -> Result<()> {
     let host = l
         .url
         .strip_prefix("http://")
-        .context("target must be http://")?
+        .or_else(|| l.url.strip_prefix("https://"))
+        .context("target must be http:// or https://")?
         .split(['/', ':'])
         .next()
         .unwrap_or("");

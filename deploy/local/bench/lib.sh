@@ -5,10 +5,13 @@
 bench_nginx_bin() { command -v nginx || echo /usr/sbin/nginx; }
 
 # The yardstick: an nginx that only answers `return 302` (WORKERS, default 2; access log off,
-# the same keepalive as the tiers), started in WORK on the bench-nginx port; prints its URL.
+# the same keepalive as the tiers), started in WORK on the bench-nginx port, and over HTTPS on
+# the bench-nginx-tls port with the frontend's certificate and the tiers' TLS settings; prints
+# its URL.
 bench_nginx_start() {
-  local work="$1" workers="${2:-2}" port nginx
-  port="$(zl_port bench-nginx)" nginx="$(bench_nginx_bin)"
+  local work="$1" workers="${2:-2}" port tls_port cert nginx
+  port="$(zl_port bench-nginx)" tls_port="$(zl_port bench-nginx-tls)" nginx="$(bench_nginx_bin)"
+  cert="$(zl_tls_site_dir frontend)/tls-combined.pem"
   [[ -x "$nginx" ]] || zl_die "nginx missing: run deploy/local/install"
   cat >"$work/nginx.conf" <<CONF
 worker_processes $workers;
@@ -18,8 +21,15 @@ events { worker_connections 1024; }
 http {
   access_log off;
   keepalive_requests 100000;
+  ssl_protocols TLSv1.2 TLSv1.3;
+  ssl_ecdh_curve X25519:prime256v1:secp384r1;
+  ssl_session_cache shared:yardstick:10m;
+  ssl_session_timeout 1d;
   server {
     listen 127.0.0.1:$port;
+    listen 127.0.0.1:$tls_port ssl;
+    ssl_certificate $cert;
+    ssl_certificate_key $cert;
     location / { return 302 https://example.com/; }
   }
 }
