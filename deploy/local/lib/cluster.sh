@@ -74,8 +74,9 @@ zl_cluster_proxies() {
     port=cql; [[ "$n" == kafka-* ]] && port=kafka
     echo "$n $(zl_node_client_addr "$n"):$(zl_port "$port") $(zl_node_addr "$n"):$(zl_port "$port")"
     # A broker's SSL listener has a proxy of its own (kafka-N-tls), faulted with kafka-N.
-    [[ "$n" == kafka-* ]] &&
+    if [[ "$n" == kafka-* ]]; then
       echo "$n-tls $(zl_node_client_addr "$n"):$(zl_port kafka-tls) $(zl_node_addr "$n"):$(zl_port kafka-tls)"
+    fi
   done
 }
 # The keyspace's replication factor.

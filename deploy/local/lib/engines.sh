@@ -59,10 +59,10 @@ share.coordinator.state.topic.min.isr=1"
 # controller on the kafka-controller port: the same ports on every address), in the controller
 # quorum VOTERS, with the server.properties lines EXTRA (replication of the internal topics,
 # failure detection). A broker also has an SSL listener (the kafka-tls port, the certificate of
-# zl_tls_kafka) for the clients that cross a network (the lastresorts). A broker with a CLIENT_ADDR other than ADDR (its fault proxy's) tells
-# clients to come there, and the brokers replicate among themselves on a listener of their own
-# (INTERNAL, the kafka-internal port), directly. Its log dir is formatted with the topology's
-# cluster id before its first start.
+# zl_tls_kafka) for the clients that cross a network (the lastresorts). A broker with a
+# CLIENT_ADDR other than ADDR (its fault proxy's) tells clients to come there, and the brokers
+# replicate among themselves on a listener of their own (INTERNAL, the kafka-internal port),
+# directly. Its log dir is formatted with the topology's cluster id before its first start.
 zl_spawn_kafka() {
   local name="$1" dir="$2" roles="$3" id="$4" addr="$5" voters="$6" extra="$7" client="${8:-$5}"
   local listeners=() advertised=() heap=512m internal=PLAINTEXT
