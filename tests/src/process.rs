@@ -187,6 +187,22 @@ impl ServiceProcess {
     }
 }
 
+/// The value of the one unlabelled series `name` on a Prometheus text page; panics when the page
+/// has no such series.
+pub async fn metric(url: &str, name: &str) -> f64 {
+    let text = client()
+        .get(url)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
 /// A metric's value from a Prometheus text page: the sum over every series of `name`
 /// (`name` may include a label set to pick one series).
 pub async fn metric_sum(url: &str, name: &str) -> f64 {

@@ -165,24 +165,11 @@ async fn lastresort_replays_clicks_over_tls_and_keeps_them_from_an_unverified_br
     .await;
     click(lr.url("")).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let body = client()
-        .get(lr.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let gauge = |name: &str| {
-        body.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{body}"))
-    };
-    let pending = gauge("zlink_lastresort_spool_pending_records");
+    let metrics = lr.url("/metrics");
+    let pending = metric(&metrics, "zlink_lastresort_spool_pending_records").await;
     assert!(pending >= 1.0, "the click waits in the spool: {pending}");
     assert_eq!(
-        gauge("zlink_lastresort_clicks_replayed_total"),
+        metric(&metrics, "zlink_lastresort_clicks_replayed_total").await,
         0.0,
         "no click is acknowledged by a broker whose certificate is not verified"
     );

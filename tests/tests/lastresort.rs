@@ -283,13 +283,6 @@ async fn with_s3_stopped_cached_slugs_still_redirect_and_uncached_ones_get_a_fas
     lr.stop().await;
 }
 
-async fn metric(url: &str, name: &str) -> f64 {
-    let text = get(url).await.text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cuts_a_torn_tail() {
     let infra = Infra::from_env();
