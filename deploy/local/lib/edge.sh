@@ -123,24 +123,25 @@ zl_tls_issue_default() {
   zl_tls_issue "$site" "" $names || return 1
   echo "$names" >"$(zl_tls_site_dir "$site")/tls-combined.names"
 }
-# S3's certificate (SeaweedFS reads it at start): localhost for nginx, which verifies DNS names
-# only, and 127.0.0.1 for the Rust clients (ZLINK_S3_ENDPOINT is an address).
-zl_tls_s3() {
+# zl_tls_server DIR NAME...: a server's certificate of the local CA for NAMEs, in
+# $ZLINK_RUN/tls/DIR/tls-combined.pem; issued once (the server reads it at start).
+zl_tls_server() {
+  local dir="$1"; shift
   "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
-  [[ -f "$ZLINK_RUN/tls/s3/tls-combined.pem" ]] && return 0
-  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/s3/tls-combined.pem" \
-    --days "$ZLINK_TLS_DAYS" localhost 127.0.0.1
+  [[ -f "$ZLINK_RUN/tls/$dir/tls-combined.pem" ]] && return 0
+  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/$dir/tls-combined.pem" \
+    --days "$ZLINK_TLS_DAYS" "$@"
 }
-# The brokers' certificate (each broker's SSL listener reads it at start), one for all of them:
-# localhost, 127.0.0.1 and every node and client address of the clustered mode (librdkafka
-# checks the advertised address against it: OpenSSL matches IP addresses too).
+# S3's certificate (SeaweedFS): localhost for nginx, which verifies DNS names only, and
+# 127.0.0.1 for the Rust clients (ZLINK_S3_ENDPOINT is an address).
+zl_tls_s3() { zl_tls_server s3 localhost 127.0.0.1; }
+# The brokers' certificate, one for all of them: localhost, 127.0.0.1 and every node and client
+# address of the clustered mode (librdkafka checks the advertised address against it: OpenSSL
+# matches IP addresses too).
 zl_tls_kafka() {
-  "$(zl_bin zlink-xtask)" tls ca --dir "$ZLINK_RUN/tls" || return 1
-  [[ -f "$ZLINK_RUN/tls/kafka/tls-combined.pem" ]] && return 0
   local i names=(localhost 127.0.0.1)
   for ((i = 1; i <= ZL_CLUSTER_SIZE; i++)); do names+=("127.0.0.$((1 + i))" "127.0.1.$((1 + i))"); done
-  "$(zl_bin zlink-xtask)" tls issue --ca-dir "$ZLINK_RUN/tls" --out "$ZLINK_RUN/tls/kafka/tls-combined.pem" \
-    --days "$ZLINK_TLS_DAYS" "${names[@]}"
+  zl_tls_server kafka "${names[@]}"
 }
 # zl_tls_handshake HOST PORT: a TLS handshake verified against the local CA for HOST succeeds.
 zl_tls_handshake() {
