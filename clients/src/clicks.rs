@@ -14,11 +14,11 @@ use crate::trace::{Span, TraceContext};
 use http::{header, HeaderMap};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use sha2::{Digest, Sha256};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -271,10 +271,21 @@ pub fn msec_to_ms(msec: &str) -> Option<i64> {
 
 /// Hex SHA-256 of the deployment salt and the IP: countable, not reversible without the salt.
 pub fn ip_hash(salt: &str, ip: IpAddr) -> String {
+    use std::io::Write;
     let mut h = Sha256::new();
     h.update(salt.as_bytes());
-    h.update(ip.to_string().as_bytes());
-    hex::encode(h.finalize())
+    // The address's text, as `to_string` writes it, on the stack (one per redirect): the
+    // longest is 45 bytes (`ffff:…:255.255.255.255`).
+    let mut text = std::io::Cursor::new([0u8; 48]);
+    match write!(text, "{ip}") {
+        Ok(()) => h.update(&text.get_ref()[..text.position() as usize]),
+        Err(_) => h.update(ip.to_string().as_bytes()),
+    }
+    let mut out = [0u8; 64];
+    hex::encode_to_slice(h.finalize(), &mut out).expect("32 bytes are 64 hex digits");
+    std::str::from_utf8(&out)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 /// Response header carrying the id of the redirect's click event.

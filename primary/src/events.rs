@@ -76,10 +76,7 @@ impl EventSink for LogSink {
     }
 
     fn clicked(&self, ev: ClickEvent) -> bool {
-        self.metrics
-            .events
-            .with_label_values(&["clicks", "click"])
-            .inc();
+        self.metrics.click_events.inc();
         tracing::trace!(slug = %ev.key, id = %ev.id, "click event");
         false
     }

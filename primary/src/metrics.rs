@@ -22,6 +22,8 @@ pub struct Metrics {
     pub store_errors: IntCounterVec,
     /// Events handed to the event sink, by topic and kind.
     pub events: IntCounterVec,
+    /// `events{topic="clicks",kind="click"}`, resolved once (one per redirect).
+    pub click_events: IntCounter,
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
     pub links_rerouted: IntCounter,
@@ -173,6 +175,7 @@ impl Metrics {
             cache: zlink_redirect::cache::CacheMetrics::new(lookups, memcached_errors),
             store_reads,
             store_errors,
+            click_events: events.with_label_values(&["clicks", "click"]),
             events,
             publish_errors,
             links_rerouted,

@@ -440,11 +440,7 @@ impl EventSink for KafkaSink {
     }
 
     fn clicked(&self, ev: ClickEvent) -> bool {
-        self.relay
-            .metrics
-            .events
-            .with_label_values(&["clicks", "click"])
-            .inc();
+        self.relay.metrics.click_events.inc();
         self.clicks
             .spool_event(&ev, zlink_clients::trace::current().as_ref())
     }

@@ -169,3 +169,21 @@ fn a_framed_event_unframes_to_its_slug_and_json() {
     assert!(unframe(&[FRAME_V2, 1, 2]).is_none());
     assert!(unframe(&[FRAME_V2, 0, 0, 0, 0, 0, 0, 0, 0, 60, b'x']).is_none());
 }
+
+#[test]
+fn the_ip_hash_is_the_salted_sha256_of_the_address_text_for_every_length_of_address() {
+    for ip in [
+        "1.2.3.4",
+        "203.0.113.255",
+        "::1",
+        "2001:db8::1",
+        "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        "::ffff:255.255.255.255",
+    ] {
+        let ip: IpAddr = ip.parse().unwrap();
+        let mut h = Sha256::new();
+        h.update(b"salt");
+        h.update(ip.to_string().as_bytes());
+        assert_eq!(ip_hash("salt", ip), hex::encode(h.finalize()), "{ip}");
+    }
+}

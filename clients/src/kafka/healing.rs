@@ -14,7 +14,10 @@ pub const RESET_AFTER_FAILURES: u32 = 3;
 pub const RESET_INTERVAL: Duration = Duration::from_secs(30);
 
 /// One producer in use, shared by the sends that started on it.
-pub type SharedProducer = Arc<ClosesElsewhere<FutureProducer>>;
+pub type SharedProducer<P = FutureProducer> = Arc<ClosesElsewhere<P>>;
+
+/// How a [`HealingProducer`] makes a producer of its kind from its configuration.
+pub type MakeProducer<P> = fn(&ClientConfig) -> KafkaResult<P>;
 
 /// A producer that replaces itself when it keeps failing. librdkafka can leave a producer
 /// unable to deliver after its broker was frozen and thawed: in the 2026-11-25 `hang:kafka`
@@ -27,9 +30,10 @@ pub type SharedProducer = Arc<ClosesElsewhere<FutureProducer>>;
 /// finishes (its queued messages fail) and closes on a thread of its own. A message resent
 /// through the new producer may duplicate one the old delivered late: every user of this
 /// type tolerates duplicates (click ids, link versions).
-pub struct HealingProducer {
+pub struct HealingProducer<P: Send + 'static = FutureProducer> {
     config: ClientConfig,
-    current: RwLock<SharedProducer>,
+    make: MakeProducer<P>,
+    current: RwLock<SharedProducer<P>>,
     health: Mutex<Health>,
     resets: IntCounter,
     interval: Duration,
@@ -43,47 +47,7 @@ struct Health {
 impl HealingProducer {
     /// Creates the first producer from `config`; `resets` counts replacements.
     pub fn new(config: ClientConfig, resets: IntCounter) -> KafkaResult<Self> {
-        let first = Arc::new(ClosesElsewhere::new(config.create()?));
-        Ok(HealingProducer {
-            config,
-            current: RwLock::new(first),
-            health: Mutex::new(Health {
-                failures: 0,
-                last_reset: None,
-            }),
-            resets,
-            interval: RESET_INTERVAL,
-        })
-    }
-
-    /// Replaces at most once per `interval` instead of [`RESET_INTERVAL`].
-    pub fn reset_interval(mut self, interval: Duration) -> Self {
-        self.interval = interval;
-        self
-    }
-
-    /// The producer to send with; report the outcome with [`Self::delivered`] or
-    /// [`Self::failed`].
-    pub fn producer(&self) -> SharedProducer {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn is_current(&self, used: &SharedProducer) -> bool {
-        Arc::ptr_eq(
-            used,
-            &self.current.read().unwrap_or_else(|p| p.into_inner()),
-        )
-    }
-
-    /// A send on `used` was acknowledged.
-    pub fn delivered(&self, used: &SharedProducer) {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        if self.is_current(used) {
-            h.failures = 0;
-        }
+        Self::with_maker(config, resets, |c| c.create())
     }
 
     /// Sends one record on the current producer and reports its outcome ([`Self::delivered`],
@@ -107,10 +71,63 @@ impl HealingProducer {
         }
         sent
     }
+}
+
+impl<P: Send + 'static> HealingProducer<P> {
+    /// Creates the first producer from `config` with `make` (which also makes each
+    /// replacement); `resets` counts replacements.
+    pub fn with_maker(
+        config: ClientConfig,
+        resets: IntCounter,
+        make: MakeProducer<P>,
+    ) -> KafkaResult<Self> {
+        let first = Arc::new(ClosesElsewhere::new(make(&config)?));
+        Ok(HealingProducer {
+            config,
+            make,
+            current: RwLock::new(first),
+            health: Mutex::new(Health {
+                failures: 0,
+                last_reset: None,
+            }),
+            resets,
+            interval: RESET_INTERVAL,
+        })
+    }
+
+    /// Replaces at most once per `interval` instead of [`RESET_INTERVAL`].
+    pub fn reset_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The producer to send with; report the outcome with [`Self::delivered`] or
+    /// [`Self::failed`].
+    pub fn producer(&self) -> SharedProducer<P> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn is_current(&self, used: &SharedProducer<P>) -> bool {
+        Arc::ptr_eq(
+            used,
+            &self.current.read().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    /// A send on `used` was acknowledged.
+    pub fn delivered(&self, used: &SharedProducer<P>) {
+        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_current(used) {
+            h.failures = 0;
+        }
+    }
 
     /// A send on `used` failed; returns true if that replaced the producer. Failures of a
     /// producer already replaced do not count against the new one.
-    pub fn failed(&self, used: &SharedProducer) -> bool {
+    pub fn failed(&self, used: &SharedProducer<P>) -> bool {
         let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
         if !self.is_current(used) {
             return false;
@@ -120,7 +137,7 @@ impl HealingProducer {
         if h.failures < RESET_AFTER_FAILURES || !due {
             return false;
         }
-        let fresh = match self.config.create::<FutureProducer>() {
+        let fresh = match (self.make)(&self.config) {
             Ok(p) => Arc::new(ClosesElsewhere::new(p)),
             Err(e) => {
                 tracing::error!(error = %e, "Kafka producer: creating a replacement failed");
