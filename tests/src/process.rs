@@ -187,18 +187,24 @@ impl ServiceProcess {
     }
 }
 
-/// The value of the one unlabelled series `name` on a Prometheus text page; panics when the page
-/// has no such series.
-pub async fn metric(url: &str, name: &str) -> f64 {
-    let text = client()
+/// A Prometheus text page (`/metrics`), whole.
+async fn metrics_page(url: &str) -> String {
+    client()
         .get(url)
         .send()
         .await
         .expect("metrics")
         .text()
         .await
-        .expect("metrics body");
-    text.lines()
+        .expect("metrics body")
+}
+
+/// The value of the one unlabelled series `name` on a Prometheus text page; panics when the page
+/// has no such series.
+pub async fn metric(url: &str, name: &str) -> f64 {
+    metrics_page(url)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("{name} not in /metrics"))
 }
@@ -206,15 +212,9 @@ pub async fn metric(url: &str, name: &str) -> f64 {
 /// A metric's value from a Prometheus text page: the sum over every series of `name`
 /// (`name` may include a label set to pick one series).
 pub async fn metric_sum(url: &str, name: &str) -> f64 {
-    let text = client()
-        .get(url)
-        .send()
+    metrics_page(url)
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
+        .lines()
         .filter(|l| {
             l.strip_prefix(name)
                 .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
