@@ -2,23 +2,22 @@
 //! appended to the local [`spool`](crate::spool) before the response leaves (never waiting on
 //! Kafka), and shipped to the `clicks` topic by a replayer task whenever Kafka is reachable.
 //!
-//! The replayer reads a batch, produces every record (keyed by slug, the event JSON as value),
-//! waits for all acknowledgements, and only then commits the spool position. A failure or crash
-//! before the commit sends the batch again: duplicates carry the same event id, and the counter
-//! deduplicates on it; nothing is ever skipped.
+//! The replayer reads a batch, produces its events (per partition their slugs hash to, as few
+//! messages as hold them, one event JSON per line; a click alone keyed by its slug), waits for
+//! all acknowledgements, and only then commits the spool position. A failure or crash before
+//! the commit sends the batch again: duplicates carry the same event id and reach the same
+//! partition, and the counter deduplicates on it; nothing is ever skipped.
 
 use crate::kafka::HealingProducer;
 use crate::now_ms;
-use crate::spool::{AppendError, Reader, Spool, SpoolConfig};
-use crate::trace::{Span, TraceContext};
+use crate::spool::{AppendError, Spool, SpoolConfig};
+use crate::trace::TraceContext;
 use http::{header, HeaderMap};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use sha2::{Digest, Sha256};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +62,12 @@ pub struct ClickArgs {
     pub spool_fsync_ms: u64,
     #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
     pub clicks_topic: String,
+    /// Most bytes of click events in one Kafka message (their JSON, one per line: a replay
+    /// batch's clicks of one partition share messages). 0: one click per message, keyed by its
+    /// slug, the form from before batching: for a change-over while some consumer of `clicks`
+    /// still reads one event per message.
+    #[arg(long, env = "ZLINK_CLICKS_MESSAGE_BYTES", default_value_t = 256 * 1024)]
+    pub clicks_message_bytes: usize,
     /// How long the replayer's producer retries one batch before backing off, milliseconds.
     #[arg(long, env = "ZLINK_CLICKS_TIMEOUT_MS", default_value_t = 10_000)]
     pub clicks_timeout_ms: u64,
@@ -124,6 +129,10 @@ impl ClickArgs {
             return Err(format!(
                 "--ip-hash-salt (ZLINK_IP_HASH_SALT) must be a secret of at least {MIN_SALT_BYTES} bytes, the same on every tier"
             ));
+        }
+        // Below librdkafka's and the broker's default largest message (about 1 MB).
+        if self.clicks_message_bytes > 900_000 {
+            return Err("--clicks-message-bytes must be at most 900000".into());
         }
         if !(100..=300_000).contains(&self.clicks_timeout_ms) {
             return Err("--clicks-timeout-ms must be between 100 and 300000".into());
@@ -403,7 +412,7 @@ pub fn unframe(rec: &[u8]) -> Option<Framed<'_>> {
 }
 
 mod pipeline;
-pub use pipeline::{ClickMetrics, Clicks};
+pub use pipeline::{partition_of, ClickMetrics, Clicks};
 
 #[cfg(test)]
 mod tests;

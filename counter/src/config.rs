@@ -27,9 +27,10 @@ pub struct CountConfig {
     /// arrives later than this after the first is counted again.
     #[arg(long, env = "ZLINK_CLICKS_DEDUP_DAYS", default_value_t = 45)]
     pub dedup_days: u32,
-    /// Most messages per batch. Large batches are cheap: a batch's writes are one per (day,
-    /// bucket) partition it touches. A batch's decoded clicks are held until it is counted
-    /// (a few hundred bytes each: some MiB at 20,000).
+    /// Most clicks per batch (a batch ends with the message that reaches it; a message holds
+    /// up to a replay batch of one partition's clicks). Large batches are cheap: a batch's
+    /// writes are one per (day, bucket) partition it touches. A batch's decoded clicks are held
+    /// until it is counted (a few hundred bytes each: some MiB at 20,000).
     #[arg(long, default_value_t = 20_000)]
     pub batch_max: usize,
     /// How long a batch waits for more messages after its first, milliseconds.

@@ -1,12 +1,12 @@
 //! The click counter (binary `counter`, component `clicks`): consumes the `clicks` topic
 //! and keeps per-link aggregates in ScyllaDB, counting every event exactly once.
 //!
-//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`), split
-//! them by source (partition of the topic), count each source's part with its
-//! [`SourceCounter`] (the sources at the same time; see [`zlink_store::clicks`] for why each
-//! click is counted once), and only then store the batch's offsets for librdkafka's
-//! auto-commit. A crash anywhere re-delivers at most the uncommitted batches, and counting them
-//! again changes nothing. A consumer that stalls (clicks wait, none arrive, no batch is being
+//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`; a message
+//! holds one or more clicks, one per line), split them by source (partition of the topic),
+//! count each source's part with its [`SourceCounter`] (the sources at the same time; see
+//! [`zlink_store::clicks`] for why each click is counted once), and only then store the
+//! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
+//! uncommitted batches, and counting them again changes nothing. A consumer that stalls (clicks wait, none arrive, no batch is being
 //! counted) is replaced by a fresh one ([`kafka::StallWatch`]), and the sources start over.
 
 //!
@@ -34,12 +34,24 @@ use zlink_clients::ops::{Ops, Readiness};
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
 use zlink_store::clicks::{ClickStore, Counted, FIRST_CLICK_MS};
 use zlink_store::{Db, StoreError};
-use zlink_wire::events::{ClickEvent, CLICK_EVENT_SCHEMA};
+use zlink_wire::events::{click_lines, ClickEvent, CLICK_EVENT_SCHEMA};
 
 /// How long a source's state is kept without a batch for it.
 const SOURCE_IDLE: Duration = Duration::from_secs(300);
 
-/// A `clicks` message as an event to count, or why it cannot be one.
+/// The events of a `clicks` message (one per line, [`click_lines`]), each decoded, or why a
+/// line cannot be one; an absent or blank payload is one `empty`.
+pub fn decode_all(payload: Option<&[u8]>, now_ms: i64) -> Vec<Result<ClickEvent, &'static str>> {
+    let mut out: Vec<_> = click_lines(payload.unwrap_or_default())
+        .map(|line| decode(Some(line), now_ms))
+        .collect();
+    if out.is_empty() {
+        out.push(Err("empty"));
+    }
+    out
+}
+
+/// One click event (a line of a `clicks` message) to count, or why it cannot be one.
 pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'static str> {
     let ev: ClickEvent = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
     if ev.schema != CLICK_EVENT_SCHEMA {
@@ -173,6 +185,13 @@ impl App {
         shutdown: &CancellationToken,
     ) -> Option<Vec<OwnedMessage>> {
         let mut batch = Vec::new();
+        // Clicks in the batch: a message holds one per line.
+        let clicks = |m: &OwnedMessage| {
+            1 + m
+                .payload()
+                .map_or(0, |p| p.iter().filter(|b| **b == b'\n').count())
+        };
+        let mut held = 0;
         loop {
             let m = tokio::select! {
                 _ = shutdown.cancelled() => return None,
@@ -180,7 +199,9 @@ impl App {
             };
             match m {
                 Ok(m) => {
-                    batch.push(m.detach());
+                    let m = m.detach();
+                    held += clicks(&m);
+                    batch.push(m);
                     break;
                 }
                 Err(e) => {
@@ -197,12 +218,16 @@ impl App {
             }
         }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(self.cfg.batch_wait_ms);
-        while batch.len() < self.cfg.batch_max {
+        while held < self.cfg.batch_max {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = tokio::time::sleep_until(deadline) => break,
                 m = consumer.recv() => match m {
-                    Ok(m) => batch.push(m.detach()),
+                    Ok(m) => {
+                        let m = m.detach();
+                        held += clicks(&m);
+                        batch.push(m);
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "kafka receive error");
                         if kafka::is_fatal(consumer) {
@@ -236,21 +261,24 @@ impl App {
                         events: Vec::new(),
                     });
                 part.last = m.offset();
-                match decode(m.payload(), now) {
-                    // A canary's redirect is not a click (zlink_wire::canary); none should
-                    // arrive, and one that does is not counted.
-                    Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
-                        self.metrics.events.with_label_values(&["canary"]).inc();
-                    }
-                    Ok(ev) => part.events.push((m.offset(), ev)),
-                    Err(reason) => {
-                        self.metrics.events.with_label_values(&["invalid"]).inc();
-                        tracing::warn!(
-                            partition = m.partition(),
-                            offset = m.offset(),
-                            reason,
-                            "skipping a click message that is not a valid event"
-                        );
+                // The clicks of one message share its offset (see SourceState::plan).
+                for decoded in decode_all(m.payload(), now) {
+                    match decoded {
+                        // A canary's redirect is not a click (zlink_wire::canary); none should
+                        // arrive, and one that does is not counted.
+                        Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
+                            self.metrics.events.with_label_values(&["canary"]).inc();
+                        }
+                        Ok(ev) => part.events.push((m.offset(), ev)),
+                        Err(reason) => {
+                            self.metrics.events.with_label_values(&["invalid"]).inc();
+                            tracing::warn!(
+                                partition = m.partition(),
+                                offset = m.offset(),
+                                reason,
+                                "skipping a click that is not a valid event"
+                            );
+                        }
                     }
                 }
             }
@@ -433,5 +461,21 @@ mod tests {
             .unwrap()
             .replace("\"schema\":1", "\"schema\":2");
         assert_eq!(decode(Some(v2.as_bytes()), NOW), Err("schema"));
+    }
+
+    #[test]
+    fn a_message_of_many_lines_is_many_events_each_judged_alone() {
+        let mut m = json("abc", NOW);
+        m.push(b'\n');
+        m.extend_from_slice(&json("a/b", NOW));
+        m.push(b'\n');
+        m.extend_from_slice(&json("xyz", NOW));
+        let got: Vec<_> = decode_all(Some(&m), NOW)
+            .into_iter()
+            .map(|r| r.map(|e| e.key.to_string()))
+            .collect();
+        assert_eq!(got, vec![Ok("abc".into()), Err("slug"), Ok("xyz".into())]);
+        assert_eq!(decode_all(None, NOW), vec![Err("empty")]);
+        assert_eq!(decode_all(Some(b"\n"), NOW), vec![Err("empty")]);
     }
 }

@@ -198,22 +198,69 @@ pub fn topic_reader(brokers: &str, topic: &str, label: &str) -> rdkafka::consume
     consumer
 }
 
+/// The click events of one `clicks` message, checked for the form the replayer sends: one
+/// event per line, a message of one event keyed by its slug, a message of several unkeyed and
+/// every event in the partition its slug hashes to (`partition_of`), where `partitions` is the
+/// topic's partition count.
+pub fn clicks_of_message(
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    partitions: u32,
+) -> Vec<ClickEvent> {
+    use rdkafka::Message;
+    let events: Vec<ClickEvent> = zlink_wire::events::click_lines(m.payload().unwrap_or_default())
+        .map(|l| serde_json::from_slice(l).expect("a click event per line"))
+        .collect();
+    assert!(!events.is_empty(), "a clicks message holds a click");
+    if let [one] = events.as_slice() {
+        assert_eq!(
+            m.key(),
+            Some(one.key.as_bytes()),
+            "a lone click is keyed by its slug"
+        );
+    } else {
+        assert_eq!(m.key(), None, "a message of several clicks has no key");
+    }
+    for e in &events {
+        assert_eq!(
+            m.partition(),
+            zlink_clients::clicks::partition_of(e.key.as_bytes(), partitions),
+            "{} is in the partition its slug hashes to",
+            e.key
+        );
+    }
+    events
+}
+
+/// The partition count of `topic` (at most 5 s).
+pub fn partition_count(brokers: &str, topic: &str) -> u32 {
+    use rdkafka::consumer::Consumer;
+    let c: rdkafka::consumer::BaseConsumer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .unwrap();
+    md.topics()[0].partitions().len() as u32
+}
+
 /// Every click in Kafka `topic` (from the beginning), until `want` ids were all seen or 60 s.
 pub async fn clicks_in_kafka(
     brokers: &str,
     topic: &str,
     want: &std::collections::HashSet<uuid::Uuid>,
 ) -> (std::collections::HashSet<uuid::Uuid>, Vec<ClickEvent>) {
-    use rdkafka::Message;
     let consumer = topic_reader(brokers, topic, "clicks-reader");
     let (mut seen, mut events) = (std::collections::HashSet::new(), Vec::new());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut partitions = None;
     while !want.is_subset(&seen) && tokio::time::Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
-            let ev: ClickEvent = serde_json::from_slice(m.payload().unwrap()).unwrap();
-            assert_eq!(m.key(), Some(ev.key.as_bytes()), "keyed by slug");
-            seen.insert(ev.id);
-            events.push(ev);
+            let n = *partitions.get_or_insert_with(|| partition_count(brokers, topic));
+            for ev in clicks_of_message(&m, n) {
+                seen.insert(ev.id);
+                events.push(ev);
+            }
         }
     }
     (seen, events)

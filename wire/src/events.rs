@@ -1,9 +1,15 @@
 //! Event schemas carried on Kafka (`links`, `clicks`).
 //!
-//! Encoding: JSON, one event per message, keyed by slug. JSON because every consumer (the
-//! replicator, the click counter, an SRE with kafka-console-consumer during an incident) can read
-//! it without a schema registry, and events are small and rare next to redirects. Each event carries
-//! `schema` so a consumer can refuse versions it does not know instead of misreading them.
+//! Encoding: JSON. Every consumer (the replicator, the click counter, an SRE with
+//! kafka-console-consumer during an incident) can read it without a schema registry. Each event
+//! carries `schema` so a consumer can refuse versions it does not know instead of misreading them.
+//!
+//! `links`: one event per message, keyed by slug. `clicks`: a message holds one or more click
+//! events, one JSON document per line ([`click_lines`]), all of the same partition (the one
+//! their slugs hash to); one click alone is keyed by its slug. A redirect's click is small and
+//! there is one per redirect: a message per click cost the redirect tiers, Kafka and the counter
+//! their per-message work on every click (issue 37). A message of one event is a message of
+//! one line, so readers of the one-event form read both.
 
 use crate::domain::LinkKey;
 use crate::link::LinkStatus;
@@ -203,6 +209,14 @@ pub struct ClickEvent {
     pub city: Option<String>,
 }
 
+/// The click events of one `clicks` message: its lines (separated by `\n`), blank ones skipped.
+/// JSON escapes every control character inside strings, so an event never spans two lines.
+pub fn click_lines(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
+    payload
+        .split(|b| *b == b'\n')
+        .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +326,38 @@ mod tests {
             serde_json::from_str::<ClickEvent>(old).unwrap().agent,
             AgentClass::Browser
         );
+    }
+
+    #[test]
+    fn a_clicks_message_is_one_event_per_line_and_one_event_alone_is_one_line() {
+        let ev = |slug: &str| ClickEvent {
+            schema: CLICK_EVENT_SCHEMA,
+            id: Uuid::now_v7(),
+            key: slug.into(),
+            at_ms: 5,
+            tier: Tier::Primary,
+            referrer: Some("https://a.example/\n<script>".into()),
+            user_agent: Some("line\r\nbreak".into()),
+            agent: AgentClass::Browser,
+            ip_hash: "00".into(),
+            device: Device::Other,
+            country: None,
+            city: Some("K\u{f6}ln".into()),
+        };
+        let (a, b) = (ev("a"), ev("b"));
+        let one = serde_json::to_vec(&a).unwrap();
+        assert!(!one.contains(&b'\n'), "newlines inside strings are escaped");
+        let lines: Vec<&[u8]> = click_lines(&one).collect();
+        assert_eq!(lines, vec![one.as_slice()]);
+        let mut two = one.clone();
+        two.push(b'\n');
+        two.extend_from_slice(&serde_json::to_vec(&b).unwrap());
+        two.extend_from_slice(b"\n\n");
+        let got: Vec<ClickEvent> = click_lines(&two)
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(got, vec![a, b]);
+        assert_eq!(click_lines(b"").count(), 0);
     }
 
     #[test]

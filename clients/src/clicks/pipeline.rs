@@ -1,8 +1,11 @@
 //! One tier's click pipeline: the spool every redirect appends its click to, the replayer
-//! that ships the spool to Kafka `clicks` (produce a batch, wait for every acknowledgement,
-//! then commit the spool position), and their metrics.
+//! that ships the spool to Kafka `clicks` ([`replay`]), and their metrics.
 
 use super::*;
+
+mod replay;
+pub use replay::partition_of;
+use replay::{replay, replay_producer};
 
 /// Why the spool refused a click: the `reason` label of `clicks_refused_total`.
 const REFUSED_REASONS: [&str; 4] = ["full", "closed", "size", "io"];
@@ -18,6 +21,8 @@ pub struct ClickMetrics {
     pub io_errors: IntGauge,
     pub corrupt_skipped: IntGauge,
     pub replayed: IntCounter,
+    /// Kafka messages those clicks went in (a message holds one partition's share of a batch).
+    pub replay_messages: IntCounter,
     pub replay_failures: IntCounter,
     /// Kafka producers replaced after consecutive failed batches (see `HealingProducer`).
     pub producer_resets: IntCounter,
@@ -64,6 +69,10 @@ impl ClickMetrics {
                 "clicks_replayed_total",
                 "Click events acknowledged by Kafka (re-sends included)",
             )?,
+            replay_messages: IntCounter::new(
+                "clicks_replay_messages_total",
+                "Kafka messages the replayed click events went in (one or more events each)",
+            )?,
             replay_failures: IntCounter::new(
                 "clicks_replay_failures_total",
                 "Batches Kafka did not acknowledge (resent after backoff)",
@@ -102,6 +111,7 @@ impl ClickMetrics {
         registry.register(Box::new(m.io_errors.clone()))?;
         registry.register(Box::new(m.corrupt_skipped.clone()))?;
         registry.register(Box::new(m.replayed.clone()))?;
+        registry.register(Box::new(m.replay_messages.clone()))?;
         registry.register(Box::new(m.replay_failures.clone()))?;
         registry.register(Box::new(m.producer_resets.clone()))?;
         registry.register(Box::new(m.oldest_age.clone()))?;
@@ -194,6 +204,7 @@ impl Clicks {
             spool.clone(),
             producer,
             args.clicks_topic.clone(),
+            args.clicks_message_bytes,
             metrics.clone(),
             stop.clone(),
         ));
@@ -298,273 +309,4 @@ impl Clicks {
         }
         self.metrics.observe(&self.spool);
     }
-}
-
-async fn read_batch(reader: Reader) -> (Reader, std::io::Result<crate::spool::Batch>) {
-    tokio::task::spawn_blocking(move || {
-        let mut reader = reader;
-        let b = reader.read(BATCH_RECORDS, BATCH_BYTES);
-        (reader, b)
-    })
-    .await
-    .expect("spool read does not panic")
-}
-
-/// Commits a delivered batch: the position reaches the disk at most every
-/// [`POSITION_INTERVAL`] while clicks keep coming (two fsyncs each), and at once when idle or
-/// stopping ([`persist`]). A crash re-sends what was committed since: same ids, counted once.
-async fn commit(reader: Reader, batch: crate::spool::Batch) -> (Reader, std::io::Result<()>) {
-    tokio::task::spawn_blocking(move || {
-        let mut reader = reader;
-        let r = reader.commit_relaxed(&batch, POSITION_INTERVAL);
-        (reader, r)
-    })
-    .await
-    .expect("spool commit does not panic")
-}
-
-async fn persist(reader: Reader) -> (Reader, std::io::Result<()>) {
-    if !reader.unpersisted() {
-        return (reader, Ok(()));
-    }
-    tokio::task::spawn_blocking(move || {
-        let mut reader = reader;
-        let r = reader.persist();
-        (reader, r)
-    })
-    .await
-    .expect("spool persist does not panic")
-}
-
-/// The delivery reports of one replay batch, counted as they arrive: a batch costs the
-/// replayer one wake-up, where a future per click cost a channel, a boxed sender and a wake-up
-/// per click (rdkafka's `FutureProducer`: about a tenth of a hot tier's CPU per redirect went
-/// to shipping clicks, 2026-11-28 profile).
-struct BatchAcks {
-    /// Messages not yet reported, plus one held by the sender until every send is queued.
-    outstanding: AtomicUsize,
-    /// The first failure reported.
-    error: Mutex<Option<String>>,
-    done: tokio::sync::Notify,
-}
-
-impl BatchAcks {
-    fn new() -> Arc<Self> {
-        Arc::new(BatchAcks {
-            outstanding: AtomicUsize::new(1),
-            error: Mutex::new(None),
-            done: tokio::sync::Notify::new(),
-        })
-    }
-
-    /// One message (or the sender's hold) settled; the last one wakes the waiter (`Notify`
-    /// keeps the permit if it is not waiting yet).
-    fn settle(&self, failure: Option<String>) {
-        if let Some(e) = failure {
-            self.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        }
-        if self.outstanding.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.done.notify_one();
-        }
-    }
-
-    /// Releases the sender's hold and waits until every message is reported.
-    async fn all_settled(&self) -> Result<(), String> {
-        self.settle(None);
-        self.done.notified().await;
-        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
-/// The replayer's producer context: each delivery report settles its batch's count.
-struct ReplayContext;
-
-impl rdkafka::ClientContext for ReplayContext {}
-
-impl rdkafka::producer::ProducerContext for ReplayContext {
-    type DeliveryOpaque = Arc<BatchAcks>;
-
-    fn delivery(&self, report: &rdkafka::message::DeliveryResult<'_>, acks: Arc<BatchAcks>) {
-        acks.settle(report.as_ref().err().map(|(e, _)| e.to_string()));
-    }
-}
-
-/// The replayer's producer: librdkafka's own polling thread serves the delivery reports.
-type ReplayProducer = ThreadedProducer<ReplayContext>;
-
-/// Makes a [`ReplayProducer`] (the [`HealingProducer`]'s maker).
-fn replay_producer(config: &rdkafka::ClientConfig) -> rdkafka::error::KafkaResult<ReplayProducer> {
-    config.create_with_context(ReplayContext)
-}
-
-/// Sends every record of the batch and waits for all acknowledgements.
-async fn send_all(
-    producer: &ReplayProducer,
-    topic: &str,
-    records: &[Vec<u8>],
-) -> Result<(), String> {
-    let acks = BatchAcks::new();
-    let mut spans = Vec::new();
-    for rec in records {
-        let Some(f) = unframe(rec) else {
-            // Checksummed, so written by us; an unframeable record would be a bug. Skip it
-            // rather than block every click behind it.
-            tracing::error!("click spool: record without a key; skipped");
-            continue;
-        };
-        // The redirect's trace continues here: a `kafka.produce` span (exported if sampled),
-        // and the message's `traceparent` names it as the parent of the consumer's work.
-        let span = f.traceparent.and_then(TraceContext::parse).map(|parent| {
-            let mut s = Span::remote_child("kafka.produce", &parent);
-            s.set("topic", topic.to_string());
-            s
-        });
-        let mut record = BaseRecord::with_opaque_to(topic, acks.clone())
-            .key(f.key)
-            .payload(f.value);
-        if let Some(s) = &span {
-            record = record.headers(OwnedHeaders::new().insert(Header {
-                key: crate::trace::TRACEPARENT,
-                value: Some(s.ctx().header().as_str()),
-            }));
-        }
-        // Counted before it is queued: its report may come before `send` returns.
-        acks.outstanding.fetch_add(1, Ordering::AcqRel);
-        if let Err((e, _)) = producer.send(record) {
-            // Never queued: no report will come for it. (The sender's hold keeps the count
-            // above zero; messages already queued settle into a batch nobody waits for.)
-            acks.outstanding.fetch_sub(1, Ordering::AcqRel);
-            return Err(e.to_string());
-        }
-        spans.extend(span);
-    }
-    let r = acks.all_settled().await;
-    if let Err(e) = &r {
-        // The batch failed as a whole and is sent again; its sampled spans say why.
-        for s in &mut spans {
-            s.fail(e);
-        }
-    }
-    r
-}
-
-async fn replay(
-    mut reader: Reader,
-    spool: Arc<Spool>,
-    producer: HealingProducer<ReplayProducer>,
-    topic: String,
-    metrics: ClickMetrics,
-    stop: CancellationToken,
-) {
-    let give_up = {
-        let stop = stop.clone();
-        async move {
-            stop.cancelled().await;
-            tokio::time::sleep(DRAIN_GRACE).await;
-        }
-    };
-    tokio::pin!(give_up);
-    let mut delay =
-        crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-    loop {
-        metrics.observe(&spool);
-        let stopping = stop.is_cancelled();
-        let read_at = tokio::time::Instant::now();
-        let batch;
-        (reader, batch) = read_batch(reader).await;
-        let batch = match batch {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(error = %e, "click spool: read failed");
-                tokio::select! {
-                    _ = &mut give_up => break,
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-                }
-            }
-        };
-        metrics.head(batch.records.first().map(Vec::as_slice));
-        if batch.records.is_empty() {
-            if batch.end.is_some() {
-                let r;
-                (reader, r) = commit(reader, batch).await;
-                if let Err(e) = r {
-                    tracing::error!(error = %e, "click spool: commit failed");
-                }
-            }
-            // Idle: the position of everything delivered goes to disk now.
-            let r;
-            (reader, r) = persist(reader).await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "click spool: commit failed");
-            }
-            if stopping {
-                break;
-            }
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = reader.wait(Duration::from_secs(1)) => {}
-            }
-            // Let a few more clicks arrive: one batch (and one position fsync) per LINGER at
-            // most while traffic is light, full batches back to back while it is heavy.
-            if !stop.is_cancelled() {
-                tokio::time::sleep(LINGER).await;
-            }
-            continue;
-        }
-        let n = batch.records.len() as u64;
-        let full = batch.records.len() >= BATCH_RECORDS
-            || batch.records.iter().map(Vec::len).sum::<usize>() >= BATCH_BYTES / 2;
-        let used = producer.producer();
-        let sent = tokio::select! {
-            _ = &mut give_up => break,
-            r = send_all(&used, &topic, &batch.records) => r,
-        };
-        match sent {
-            Ok(()) => {
-                producer.delivered(&used);
-                metrics.replayed.inc_by(n);
-                let r;
-                (reader, r) = commit(reader, batch).await;
-                if let Err(e) = r {
-                    // Not committed: the batch is sent again later (same ids).
-                    tracing::error!(error = %e, "click spool: commit failed");
-                    reader.rewind();
-                }
-                delay.reset();
-                if !full {
-                    // More clicks arrive while we wait: the next batch carries them all.
-                    tokio::select! {
-                        _ = stop.cancelled() => {}
-                        _ = tokio::time::sleep_until(read_at + LINGER) => {}
-                    }
-                }
-            }
-            Err(e) => {
-                metrics.replay_failures.inc();
-                reader.rewind();
-                if producer.failed(&used) {
-                    // A new producer: its first try is not held back by the old one's failures.
-                    delay.reset();
-                }
-                let sleep = delay.next_delay();
-                tracing::warn!(error = %e, pending = spool.stats().pending,
-                    retry_in_ms = sleep.as_millis() as u64, "clicks: Kafka did not take the batch");
-                tokio::select! {
-                    _ = &mut give_up => break,
-                    _ = tokio::time::sleep(sleep) => {}
-                }
-            }
-        }
-    }
-    let _ = producer.producer().flush(Duration::from_secs(1));
-    if let (_, Err(e)) = persist(reader).await {
-        tracing::error!(error = %e, "click spool: commit failed");
-    }
-    metrics.observe(&spool);
 }

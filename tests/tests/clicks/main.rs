@@ -120,6 +120,45 @@ async fn produce(brokers: &str, topic: &str, events: &[ClickEvent]) {
     }
 }
 
+/// `events` as the replayer sends them: per partition their slugs hash to, messages of up to
+/// 50 events, one per line (a message of one keyed by its slug).
+async fn produce_batched(brokers: &str, topic: &str, events: &[ClickEvent], partitions: u32) {
+    use zlink_clients::clicks::partition_of;
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let mut by_partition: BTreeMap<i32, Vec<&ClickEvent>> = BTreeMap::new();
+    for e in events {
+        by_partition
+            .entry(partition_of(e.key.as_bytes(), partitions))
+            .or_default()
+            .push(e);
+    }
+    for (p, evs) in by_partition {
+        for chunk in evs.chunks(50) {
+            let lines: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|e| serde_json::to_vec(e).unwrap())
+                .collect();
+            let value = lines.join(&b'\n');
+            let key = chunk[0].key.to_string();
+            let mut record = FutureRecord::<str, [u8]>::to(topic)
+                .partition(p)
+                .payload(&value);
+            if chunk.len() == 1 {
+                record = record.key(&key);
+            }
+            producer
+                .send(record, Duration::from_secs(20))
+                .await
+                .map_err(|(e, _)| e)
+                .expect("acknowledged");
+        }
+    }
+}
+
 async fn click_store(infra: &Infra, ks: &str) -> Arc<ClickStore> {
     let db = Arc::new(
         zlink_store::Db::connect(&infra.store_config(ks))
@@ -181,11 +220,12 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
     create_topics(&infra.kafka, &[(&topic, 3)]).await;
     let cs = click_store(&infra, &ks).await;
 
-    // 3,000 clicks, then 300 of them again (what a replayed spool produces).
+    // 3,000 clicks a message each (as every tier sent them before batching), then 300 of them
+    // again in messages of many (what a spool replayed after the upgrade produces).
     let mut events: Vec<ClickEvent> = (0..3000).map(event).collect();
     let replayed: Vec<ClickEvent> = events[..300].to_vec();
     produce(&infra.kafka, &topic, &events).await;
-    produce(&infra.kafka, &topic, &replayed).await;
+    produce_batched(&infra.kafka, &topic, &replayed, 3).await;
     let want = expected(&events);
     let slugs: Vec<String> = want.keys().cloned().collect();
 
@@ -226,9 +266,10 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
     assert!(dups >= 300.0, "replayed copies seen and ignored ({dups})");
     assert!(counter.terminate().await.success(), "SIGTERM: clean stop");
 
-    // 3. SIGKILL at whatever moment the counter is in, while it works through 2,000 more.
+    // 3. SIGKILL at whatever moment the counter is in, while it works through 2,000 more,
+    // many to a message (batches of 100 clicks end inside runs of one message's clicks).
     let more: Vec<ClickEvent> = (3000..5000).map(event).collect();
-    produce(&infra.kafka, &topic, &more).await;
+    produce_batched(&infra.kafka, &topic, &more, 3).await;
     events.extend(more);
     let want = expected(&events);
     let counter = ServiceProcess::counter(
@@ -262,6 +303,39 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
     assert!(counter.terminate().await.success());
 }
 
+/// The replayer puts each click where librdkafka's default partitioner put it when every click
+/// was a keyed message of its own, so a copy sent in either form reaches the same source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_replayers_partition_of_a_slug_is_librdkafkas() {
+    let infra = Infra::from_env();
+    let topic = format!("clicks-part-{}", Uuid::new_v4().simple());
+    create_topics(&infra.kafka, &[(&topic, 7)]).await;
+    let producer: FutureProducer = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", &infra.kafka)
+        .create()
+        .expect("producer");
+    let mut seen = HashSet::new();
+    for i in 0..200 {
+        let slug = format!("p{i}-{}", "x".repeat(i % 13));
+        let partition = producer
+            .send(
+                FutureRecord::to(&topic).key(&slug).payload("{}"),
+                Duration::from_secs(20),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("acknowledged")
+            .partition;
+        assert_eq!(
+            partition,
+            zlink_clients::clicks::partition_of(slug.as_bytes(), 7),
+            "{slug}"
+        );
+        seen.insert(partition);
+    }
+    assert_eq!(seen.len(), 7, "keys spread over every partition");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_spool_replayed_twice_is_counted_once() {
     use zlink_clients::clicks::{ClickArgs, ClickMetrics, Clicks};
@@ -279,6 +353,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
         spool_fsync_records: 1024,
         spool_fsync_ms: 20,
         clicks_topic: topic.clone(),
+        clicks_message_bytes: 256 * 1024,
         clicks_timeout_ms: 1000,
         ip_hash_salt: zlink_clients::Secret("salt-of-sixteen-bytes".into()),
         trusted_proxies: zlink_clients::clicks::DEFAULT_TRUSTED_PROXIES
@@ -311,7 +386,8 @@ async fn one_spool_replayed_twice_is_counted_once() {
 
     // The spool and its copy both replay into Kafka: every event is there twice.
     for dir in [&spool, &copy] {
-        let c = Clicks::start(&args(dir), &infra.kafka, Tier::Lastresort, "t", metrics()).unwrap();
+        let m = metrics();
+        let c = Clicks::start(&args(dir), &infra.kafka, Tier::Lastresort, "t", m.clone()).unwrap();
         assert!(
             eventually(Duration::from_secs(30), || {
                 let c = c.clone();
@@ -321,6 +397,10 @@ async fn one_spool_replayed_twice_is_counted_once() {
             "spool replayed"
         );
         c.shutdown().await;
+        // Many clicks to a message: a spooled backlog of 300 over 3 partitions is a few.
+        let (clicks, messages) = (m.replayed.get(), m.replay_messages.get());
+        assert_eq!(clicks, 300);
+        assert!(messages <= 30, "{clicks} clicks in {messages} messages");
     }
 
     let cs = click_store(&infra, &ks).await;

@@ -102,17 +102,14 @@ async fn copies_in_kafka(
     id: uuid::Uuid,
     min: usize,
 ) -> Vec<zlink_wire::events::ClickEvent> {
-    use rdkafka::Message;
     let consumer = topic_reader(brokers, topic, "copies");
+    let mut partitions = None;
     let mut copies = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while copies.len() < min && Instant::now() < deadline {
         if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), consumer.recv()).await {
-            let ev: zlink_wire::events::ClickEvent =
-                serde_json::from_slice(m.payload().unwrap()).unwrap();
-            if ev.id == id {
-                copies.push(ev);
-            }
+            let n = *partitions.get_or_insert_with(|| partition_count(brokers, topic));
+            copies.extend(clicks_of_message(&m, n).into_iter().filter(|e| e.id == id));
         }
     }
     copies

@@ -5,7 +5,7 @@
 
 use super::Limits;
 use crate::clicks::{day_of, DayCounts};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use uuid::Uuid;
 use zlink_wire::events::ClickEvent;
 
@@ -97,9 +97,17 @@ impl SourceState {
     /// an earlier offset is a copy; anything else is counted. The same id at the same offset
     /// is this very message, whose ids reached the index in an attempt that died before its
     /// counts did: not a copy.
+    ///
+    /// A message may hold several clicks, which share its offset: a batch always has whole
+    /// messages, and a (link, day) row is written once per batch with all of them, so `upto`
+    /// still means "every click of the messages up to here". Within one batch, a click at the
+    /// offset this batch just wrote for its (link, day) is the same message's, not a
+    /// redelivery; and an id counted once in this batch at this offset is a copy inside the
+    /// message.
     pub fn plan(&mut self, events: &[(i64, &ClickEvent)]) -> Plan {
         self.clock += 1;
         let mut plan = Plan::default();
+        let mut counted_here: HashSet<Uuid> = HashSet::new();
         for &(offset, e) in events {
             let minute = minute_of(e.at_ms);
             let key = (e.key.to_string(), day_of(e.at_ms));
@@ -119,11 +127,11 @@ impl SourceState {
                     None
                 }
             };
-            if offset <= ks.upto {
+            if offset <= ks.upto && plan.writes.get(&key) != Some(&offset) {
                 plan.redelivered += 1;
                 continue;
             }
-            if first.is_some_and(|o| o < offset) {
+            if first.is_some_and(|o| o < offset) || !counted_here.insert(e.id) {
                 plan.duplicates += 1;
                 continue;
             }
@@ -277,6 +285,42 @@ mod tests {
         s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 3;
         let p = s.plan(&[(4, &a), (5, &b), (6, &a), (7, &b)]);
         assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 2, 0));
+        assert_eq!(total(&s, &p, "a", AT), Some(2));
+    }
+
+    #[test]
+    fn clicks_of_one_message_share_its_offset_and_are_each_counted_once() {
+        // Message 7 holds three clicks of a (one of them twice: a copy inside the message) and
+        // one of b; message 8 one more of a.
+        let (a1, a2, b1, a3) = (ev("a", AT), ev("a", AT + 1), ev("b", AT), ev("a", AT + 2));
+        let evs = [(7, &a1), (7, &a2), (7, &a1), (7, &b1), (8, &a3)];
+        let mut s = fresh(&evs);
+        let p = s.plan(&evs);
+        assert_eq!((p.counted, p.duplicates, p.redelivered), (4, 1, 0));
+        assert_eq!(total(&s, &p, "a", AT), Some(3));
+        assert_eq!(total(&s, &p, "b", AT), Some(1));
+        assert_eq!(p.writes[&("a".to_string(), day_of(AT))], 8);
+        assert_eq!(p.ids[&minute_of(AT)].len(), 4);
+        // Redelivered whole (the offsets were not committed): nothing counted again.
+        let again = s.plan(&evs);
+        assert_eq!((again.counted, again.redelivered), (0, 5));
+        // A copy of a1 in a later message is a copy.
+        let later = s.plan(&[(9, &a1)]);
+        assert_eq!((later.counted, later.duplicates), (0, 1));
+    }
+
+    #[test]
+    fn a_message_whose_ids_were_indexed_before_a_crash_is_counted_once_on_redelivery() {
+        // An attempt wrote message 7's ids (a1, a2, a1's copy) and died before the counts; a
+        // successor loads the index and upto = 6.
+        let (a1, a2) = (ev("a", AT), ev("a", AT + 1));
+        let mut s = fresh(&[(7, &a1)]);
+        let bucket = s.buckets.get_mut(&minute_of(AT)).unwrap();
+        bucket.ids.insert(a1.id, 7);
+        bucket.ids.insert(a2.id, 7);
+        s.keys.get_mut(&("a".to_string(), day_of(AT))).unwrap().upto = 6;
+        let p = s.plan(&[(7, &a1), (7, &a2), (7, &a1)]);
+        assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 1, 0));
         assert_eq!(total(&s, &p, "a", AT), Some(2));
     }
 
