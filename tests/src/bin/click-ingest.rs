@@ -2,7 +2,8 @@
 //! N click events over S links to the `clicks` topic as fast as Kafka takes them, and follows
 //! the counter's own metrics until all N are counted. Prints the produce rate, the end-to-end
 //! ingest throughput (first event produced → last counted) and the consumer lag sampled on the
-//! way (messages, and seconds at the measured rate).
+//! way (messages, and seconds at the measured rate). `--per-message N` sends the clicks as the
+//! tiers' replayers do, N of one partition to a message.
 
 use clap::Parser;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -29,6 +30,10 @@ struct Args {
     /// 100), so that only this run's events are counted in its time; fail if it does not.
     #[arg(long, default_value_t = 0)]
     settle_seconds: u64,
+    /// Clicks per Kafka message, as the tiers' replayers send them (one partition's clicks,
+    /// one event per line); 1: a keyed message per click, the form from before batching.
+    #[arg(long, default_value_t = 1)]
+    per_message: usize,
     /// The links' slug prefix (default: new for every run, so every link starts cold); the
     /// same prefix again measures links whose state the counter already holds.
     #[arg(long)]
@@ -58,6 +63,10 @@ async fn main() -> anyhow::Result<()> {
         "--events 1..=10000000"
     );
     anyhow::ensure!(a.slugs > 0 && a.slugs <= 1_000_000, "--slugs 1..=1000000");
+    anyhow::ensure!(
+        (1..=1000).contains(&a.per_message),
+        "--per-message 1..=1000"
+    );
     let http = reqwest::Client::new();
     let metrics = format!("{}/metrics", a.counter.trim_end_matches('/'));
     if a.settle_seconds > 0 {
@@ -88,12 +97,43 @@ async fn main() -> anyhow::Result<()> {
         .set("queue.buffering.max.messages", "1000000")
         .create()?;
 
+    let partitions = if a.per_message > 1 {
+        use rdkafka::producer::Producer;
+        let md = producer
+            .client()
+            .fetch_metadata(Some(&a.topic), Duration::from_secs(10))?;
+        let n = md.topics().first().map_or(0, |t| t.partitions().len());
+        anyhow::ensure!(n > 0, "topic {} has no partitions", a.topic);
+        n as u32
+    } else {
+        0
+    };
+
     let started = Instant::now();
     let produce = {
         let (producer, topic, run) = (producer.clone(), a.topic.clone(), run.clone());
-        let (events, slugs) = (a.events, a.slugs);
+        let (events, slugs, per_message) = (a.events, a.slugs, a.per_message);
         tokio::spawn(async move {
             let mut inflight = tokio::task::JoinSet::new();
+            // Per partition, the lines of the message being filled.
+            let mut open: std::collections::HashMap<i32, (Vec<u8>, usize)> =
+                std::collections::HashMap::new();
+            let send = |inflight: &mut tokio::task::JoinSet<bool>,
+                        partition: Option<i32>,
+                        key: Option<String>,
+                        payload: Vec<u8>| {
+                let (producer, topic) = (producer.clone(), topic.clone());
+                inflight.spawn(async move {
+                    let mut record = FutureRecord::<str, [u8]>::to(&topic).payload(&payload);
+                    if let Some(k) = &key {
+                        record = record.key(k);
+                    }
+                    if let Some(p) = partition {
+                        record = record.partition(p);
+                    }
+                    producer.send(record, Duration::from_secs(30)).await.is_ok()
+                });
+            };
             for i in 0..events {
                 let ev = ClickEvent {
                     schema: CLICK_EVENT_SCHEMA,
@@ -118,21 +158,29 @@ async fn main() -> anyhow::Result<()> {
                     city: (!i.is_multiple_of(3)).then(|| format!("City {}", i % 50)),
                 };
                 let payload = serde_json::to_vec(&ev).expect("json");
-                let producer = producer.clone();
-                let topic = topic.clone();
-                inflight.spawn(async move {
-                    producer
-                        .send(
-                            FutureRecord::to(&topic)
-                                .key(ev.key.as_str())
-                                .payload(&payload),
-                            Duration::from_secs(30),
-                        )
-                        .await
-                        .is_ok()
-                });
+                if per_message == 1 {
+                    send(&mut inflight, None, Some(ev.key.to_string()), payload);
+                } else {
+                    let p = zlink_clients::clicks::partition_of(ev.key.as_bytes(), partitions);
+                    let (buf, n) = open.entry(p).or_default();
+                    if *n > 0 {
+                        buf.push(b'\n');
+                    }
+                    buf.extend_from_slice(&payload);
+                    *n += 1;
+                    if *n == per_message {
+                        let full = std::mem::take(buf);
+                        *n = 0;
+                        send(&mut inflight, Some(p), None, full);
+                    }
+                }
                 while inflight.len() >= 10_000 {
                     inflight.join_next().await;
+                }
+            }
+            for (p, (buf, n)) in open {
+                if n > 0 {
+                    send(&mut inflight, Some(p), None, buf);
                 }
             }
             let mut failed = 0u64;
