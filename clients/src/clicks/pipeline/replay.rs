@@ -199,7 +199,10 @@ pub(super) fn outgoing(
 /// The clicks topic's partition count, read from the cluster and kept for [`PARTITIONS_TTL`].
 pub(super) struct Partitions {
     topic: String,
+    /// The count and when it was read.
     known: Option<(u32, tokio::time::Instant)>,
+    /// Read it again before the next batch (one failed).
+    stale: bool,
 }
 
 impl Partitions {
@@ -207,14 +210,15 @@ impl Partitions {
         Partitions {
             topic: topic.to_string(),
             known: None,
+            stale: false,
         }
     }
 
     /// The count, read again when older than the TTL or after [`Self::forget`]; `None` while
-    /// the cluster does not say (the batch then goes a click per message).
+    /// the cluster has never said (the batch then goes a click per message).
     pub(super) async fn get(&mut self, producer: &SharedProducer<ReplayProducer>) -> Option<u32> {
         if let Some((n, at)) = self.known {
-            if at.elapsed() < PARTITIONS_TTL {
+            if !self.stale && at.elapsed() < PARTITIONS_TTL {
                 return Some(n);
             }
         }
@@ -225,21 +229,23 @@ impl Partitions {
         .await
         .ok()
         .flatten();
-        match read {
-            Some(n) => self.known = Some((n, tokio::time::Instant::now())),
-            None => {
+        match (read, self.known) {
+            (Some(n), _) => {
+                self.known = Some((n, tokio::time::Instant::now()));
+                self.stale = false;
+            }
+            // The last count stays in use while the cluster does not answer.
+            (None, Some(_)) => {}
+            (None, None) => {
                 tracing::warn!(topic = %self.topic, "clicks: the topic's partition count is unknown; sending a message per click");
             }
         }
-        // An old count stays in use while the cluster does not answer.
         self.known.map(|(n, _)| n)
     }
 
     /// After a failed batch: read the count again before the next one.
     pub(super) fn forget(&mut self) {
-        if let Some((_, at)) = &mut self.known {
-            *at = tokio::time::Instant::now() - PARTITIONS_TTL;
-        }
+        self.stale = true;
     }
 }
 
