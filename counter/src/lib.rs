@@ -23,6 +23,7 @@ pub use metrics::CounterMetrics;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -67,12 +68,24 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
     Ok(ev)
 }
 
+/// How far behind the counter is, in seconds: with `waiting` messages not yet consumed, the
+/// age of the newest one consumed (written at `newest_consumed_ms`; the ones waiting were
+/// written after it, so it bounds how long they have waited); 0 when none waits.
+pub fn behind_seconds(waiting: i64, newest_consumed_ms: i64, now_ms: i64) -> f64 {
+    if waiting <= 0 {
+        return 0.0;
+    }
+    (now_ms - newest_consumed_ms).max(0) as f64 / 1000.0
+}
+
 /// The composition root of `counter run`: the consumer, the store's click statements and the
 /// metrics, wired once ([`App::build`]); [`App::run`] counts until shutdown.
 pub struct App {
     /// The consumer in use; replaced when it stalls or fails fatally.
     consumer: Replaceable,
     activity: Arc<Activity>,
+    /// Kafka timestamp (ms) of the newest message consumed; at start, the start time.
+    newest_consumed_ms: std::sync::atomic::AtomicI64,
     clicks: Arc<ClickStore>,
     db: Arc<Db>,
     cfg: CountConfig,
@@ -89,6 +102,7 @@ impl App {
         Ok(Arc::new(App {
             consumer,
             activity: Arc::default(),
+            newest_consumed_ms: std::sync::atomic::AtomicI64::new(now_ms()),
             clicks,
             db,
             cfg: cfg.clone(),
@@ -166,6 +180,14 @@ impl App {
                     &self.metrics.consumer_resets,
                 )
                 .await;
+            // Time behind: a message count says little when a message holds up to a replay
+            // batch of clicks.
+            let waiting: i64 = backlog.lags.iter().map(|(_, l)| *l).sum();
+            self.metrics.consumer_lag_seconds.set(behind_seconds(
+                waiting,
+                self.newest_consumed_ms.load(Ordering::Relaxed),
+                now_ms(),
+            ));
             ops.set_readiness(Readiness::of(&[
                 ("store", store_ok),
                 ("kafka", backlog.answered),
@@ -240,6 +262,9 @@ impl App {
             }
         }
         self.activity.received();
+        if let Some(newest) = batch.iter().filter_map(|m| m.timestamp().to_millis()).max() {
+            self.newest_consumed_ms.fetch_max(newest, Ordering::Relaxed);
+        }
         Some(batch)
     }
 
@@ -461,6 +486,17 @@ mod tests {
             .unwrap()
             .replace("\"schema\":1", "\"schema\":2");
         assert_eq!(decode(Some(v2.as_bytes()), NOW), Err("schema"));
+    }
+
+    #[test]
+    fn behind_is_the_age_of_the_newest_consumed_message_while_messages_wait() {
+        assert_eq!(behind_seconds(0, NOW - 600_000, NOW), 0.0, "none waits");
+        assert_eq!(behind_seconds(3, NOW - 600_000, NOW), 600.0);
+        assert_eq!(
+            behind_seconds(1, NOW + 5_000, NOW),
+            0.0,
+            "a broker clock ahead"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The counter's metrics (`zlink_clicks_*`), served on its ops endpoint.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 pub struct CounterMetrics {
@@ -16,7 +16,11 @@ pub struct CounterMetrics {
     pub store_errors: IntCounter,
     /// From the click to its count being stored, seconds (stats freshness).
     pub click_to_count_seconds: Histogram,
+    /// Messages behind, per partition (a message holds one or more clicks).
     pub consumer_lag: IntGaugeVec,
+    /// How far behind the counter is in time: while messages wait, the age of the newest
+    /// message it consumed (an upper bound on the oldest waiting one's); 0 when none waits.
+    pub consumer_lag_seconds: Gauge,
     /// Consumers replaced because they stalled ([`kafka::StallWatch`]).
     pub consumer_resets: IntCounter,
 }
@@ -49,6 +53,11 @@ impl CounterMetrics {
             &["partition"],
         )
         .expect("metric");
+        let consumer_lag_seconds = Gauge::new(
+            "consumer_lag_seconds",
+            "While click messages wait: seconds since the newest one consumed was written (0: none waits)",
+        )
+        .expect("metric");
         let consumer_resets = IntCounter::new(
             "consumer_resets_total",
             "Kafka consumers replaced because they stalled",
@@ -63,6 +72,7 @@ impl CounterMetrics {
             store_errors,
             click_to_count_seconds,
             consumer_lag,
+            consumer_lag_seconds,
         );
         CounterMetrics {
             registry,
@@ -72,6 +82,7 @@ impl CounterMetrics {
             store_errors,
             click_to_count_seconds,
             consumer_lag,
+            consumer_lag_seconds,
             consumer_resets,
         }
     }
