@@ -69,13 +69,13 @@ pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'stati
 }
 
 /// How far behind the counter is, in seconds: with `waiting` messages not yet consumed, the
-/// age of the newest one consumed (written at `newest_consumed_ms`; the ones waiting were
-/// written after it, so it bounds how long they have waited); 0 when none waits.
-pub fn behind_seconds(waiting: i64, newest_consumed_ms: i64, now_ms: i64) -> f64 {
+/// time since `since`, a moment every waiting message was written after (so it bounds how
+/// long they have waited); 0 when none waits.
+pub fn behind_seconds(waiting: i64, since_ms: i64, now_ms: i64) -> f64 {
     if waiting <= 0 {
         return 0.0;
     }
-    (now_ms - newest_consumed_ms).max(0) as f64 / 1000.0
+    (now_ms - since_ms).max(0) as f64 / 1000.0
 }
 
 /// The composition root of `counter run`: the consumer, the store's click statements and the
@@ -168,6 +168,8 @@ impl App {
             Duration::from_secs(self.cfg.consumer_stall_secs),
             Instant::now(),
         );
+        // The last time Kafka said nothing waits: every message waiting now was written after.
+        let mut caught_up_at = now_ms();
         loop {
             let store_ok = self.db.ping().await.is_ok();
             let backlog = self
@@ -181,13 +183,20 @@ impl App {
                 )
                 .await;
             // Time behind: a message count says little when a message holds up to a replay
-            // batch of clicks.
-            let waiting: i64 = backlog.lags.iter().map(|(_, l)| *l).sum();
-            self.metrics.consumer_lag_seconds.set(behind_seconds(
-                waiting,
-                self.newest_consumed_ms.load(Ordering::Relaxed),
-                now_ms(),
-            ));
+            // batch of clicks. The waiting messages were written after the newest consumed one
+            // and after the counter was last caught up: the later of the two bounds their age
+            // (after an idle hour, a burst is not an hour behind).
+            let (waiting, now): (i64, i64) = (backlog.lags.iter().map(|(_, l)| *l).sum(), now_ms());
+            if backlog.answered && waiting <= 0 {
+                caught_up_at = now;
+            }
+            let since = self
+                .newest_consumed_ms
+                .load(Ordering::Relaxed)
+                .max(caught_up_at);
+            self.metrics
+                .consumer_lag_seconds
+                .set(behind_seconds(waiting, since, now));
             ops.set_readiness(Readiness::of(&[
                 ("store", store_ok),
                 ("kafka", backlog.answered),
@@ -489,7 +498,7 @@ mod tests {
     }
 
     #[test]
-    fn behind_is_the_age_of_the_newest_consumed_message_while_messages_wait() {
+    fn behind_is_the_time_since_the_waiting_messages_were_written_at_most() {
         assert_eq!(behind_seconds(0, NOW - 600_000, NOW), 0.0, "none waits");
         assert_eq!(behind_seconds(3, NOW - 600_000, NOW), 600.0);
         assert_eq!(

@@ -18,8 +18,9 @@ pub struct CounterMetrics {
     pub click_to_count_seconds: Histogram,
     /// Messages behind, per partition (a message holds one or more clicks).
     pub consumer_lag: IntGaugeVec,
-    /// How far behind the counter is in time: while messages wait, the age of the newest
-    /// message it consumed (an upper bound on the oldest waiting one's); 0 when none waits.
+    /// How far behind the counter is in time: while messages wait, the time since the later of
+    /// the newest consumed message's timestamp and the last moment none waited (an upper bound
+    /// on the oldest waiting one's age); 0 when none waits.
     pub consumer_lag_seconds: Gauge,
     /// Consumers replaced because they stalled ([`kafka::StallWatch`]).
     pub consumer_resets: IntCounter,
@@ -55,7 +56,7 @@ impl CounterMetrics {
         .expect("metric");
         let consumer_lag_seconds = Gauge::new(
             "consumer_lag_seconds",
-            "While click messages wait: seconds since the newest one consumed was written (0: none waits)",
+            "While click messages wait: seconds since the newest one consumed was written or none waited, whichever is later (0: none waits)",
         )
         .expect("metric");
         let consumer_resets = IntCounter::new(
