@@ -1,13 +1,14 @@
 //! The click counter (binary `counter`, component `clicks`): consumes the `clicks` topic
 //! and keeps per-link aggregates in ScyllaDB, counting every event exactly once.
 //!
-//! Loop: take up to `--batch-max` messages (or what arrived within `--batch-wait-ms`; a message
-//! holds one or more clicks, one per line), split them by source (partition of the topic),
+//! Loop: take whole messages until they hold `--batch-max` clicks (a message holds one or more,
+//! one per line) or `--batch-wait-ms` passed, split them by source (partition of the topic),
 //! count each source's part with its [`SourceCounter`] (the sources at the same time; see
 //! [`zlink_store::clicks`] for why each click is counted once), and only then store the
 //! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
-//! uncommitted batches, and counting them again changes nothing. A consumer that stalls (clicks wait, none arrive, no batch is being
-//! counted) is replaced by a fresh one ([`kafka::StallWatch`]), and the sources start over.
+//! uncommitted batches, and counting them again changes nothing. A consumer that stalls
+//! (clicks wait, none arrive, no batch is being counted) is replaced by a fresh one
+//! ([`kafka::StallWatch`]), and the sources start over.
 
 //!
 //! Modules: [`config`] (its command line), [`metrics`] (`zlink_clicks_*`); the loop is here.
