@@ -21,7 +21,7 @@ pub mod metrics;
 pub use config::CountConfig;
 pub use metrics::CounterMetrics;
 
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -114,10 +114,10 @@ impl App {
     /// A consumer subscribed to the clicks topic.
     fn connect(cfg: &CountConfig) -> rdkafka::error::KafkaResult<ClosingConsumer> {
         // Only offsets of counted batches are ever committed.
-        let consumer: StreamConsumer =
+        let consumer: kafka::ZConsumer =
             kafka::manual_store_consumer(&cfg.kafka, &cfg.group_id, &cfg.group_instance_id, 1000)
                 .set("fetch.wait.max.ms", "100")
-                .create()?;
+                .create_with_context(kafka::Quiet::default())?;
         consumer.subscribe(&[&cfg.clicks_topic])?;
         Ok(ClosingConsumer::new(consumer))
     }

@@ -8,7 +8,7 @@ use crate::apply::{decode, Applier, ApplyError};
 use crate::journal::{Done, Journal};
 use crate::metrics::Metrics;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -198,16 +198,17 @@ impl Pipeline {
     /// A consumer subscribed to the links topic.
     fn connect(cfg: &KafkaConfig) -> rdkafka::error::KafkaResult<ClosingConsumer> {
         // Only offsets we stored (after S3 confirmed) are ever committed.
-        let consumer: StreamConsumer = zlink_clients::kafka::manual_store_consumer(
-            &cfg.kafka,
-            &cfg.group_id,
-            &cfg.group_instance_id,
-            500,
-        )
-        // Events are small and latency matters more than batching.
-        .set("socket.nagle.disable", "true")
-        .set("fetch.wait.max.ms", "50")
-        .create()?;
+        let consumer: zlink_clients::kafka::ZConsumer =
+            zlink_clients::kafka::manual_store_consumer(
+                &cfg.kafka,
+                &cfg.group_id,
+                &cfg.group_instance_id,
+                500,
+            )
+            // Events are small and latency matters more than batching.
+            .set("socket.nagle.disable", "true")
+            .set("fetch.wait.max.ms", "50")
+            .create_with_context(zlink_clients::kafka::Quiet::default())?;
         consumer.subscribe(&[&cfg.links_topic])?;
         Ok(ClosingConsumer::new(consumer))
     }

@@ -1,7 +1,5 @@
 //! A Kafka client handle dropped on a thread of its own.
 
-use rdkafka::consumer::StreamConsumer;
-
 /// A Kafka client handle that is dropped on a thread of its own. Dropping a librdkafka handle
 /// waits for its threads, and closing a consumer leaves its group; either can block for long
 /// (rust-rdkafka #509, #611 — seen here after the broker restarted under a consumer), which must
@@ -10,7 +8,7 @@ use rdkafka::consumer::StreamConsumer;
 pub struct ClosesElsewhere<T: Send + 'static>(Option<T>);
 
 /// A consumer closed on a thread of its own (see [`ClosesElsewhere`]).
-pub type ClosingConsumer = ClosesElsewhere<StreamConsumer>;
+pub type ClosingConsumer = ClosesElsewhere<super::ZConsumer>;
 
 impl<T: Send + 'static> ClosesElsewhere<T> {
     pub fn new(client: T) -> Self {

@@ -1,10 +1,10 @@
 //! A producer that replaces itself when it keeps failing.
 
 use super::handle::ClosesElsewhere;
+use super::{Quiet, ZProducer};
 use prometheus::IntCounter;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaResult;
-use rdkafka::producer::FutureProducer;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ pub const RESET_AFTER_FAILURES: u32 = 3;
 pub const RESET_INTERVAL: Duration = Duration::from_secs(30);
 
 /// One producer in use, shared by the sends that started on it.
-pub type SharedProducer<P = FutureProducer> = Arc<ClosesElsewhere<P>>;
+pub type SharedProducer<P = ZProducer> = Arc<ClosesElsewhere<P>>;
 
 /// How a [`HealingProducer`] makes a producer of its kind from its configuration.
 pub type MakeProducer<P> = fn(&ClientConfig) -> KafkaResult<P>;
@@ -30,7 +30,7 @@ pub type MakeProducer<P> = fn(&ClientConfig) -> KafkaResult<P>;
 /// finishes (its queued messages fail) and closes on a thread of its own. A message resent
 /// through the new producer may duplicate one the old delivered late: every user of this
 /// type tolerates duplicates (click ids, link versions).
-pub struct HealingProducer<P: Send + 'static = FutureProducer> {
+pub struct HealingProducer<P: Send + 'static = ZProducer> {
     config: ClientConfig,
     make: MakeProducer<P>,
     current: RwLock<SharedProducer<P>>,
@@ -47,7 +47,7 @@ struct Health {
 impl HealingProducer {
     /// Creates the first producer from `config`; `resets` counts replacements.
     pub fn new(config: ClientConfig, resets: IntCounter) -> KafkaResult<Self> {
-        Self::with_maker(config, resets, |c| c.create())
+        Self::with_maker(config, resets, |c| c.create_with_context(Quiet::default()))
     }
 
     /// Sends one record on the current producer and reports its outcome ([`Self::delivered`],

@@ -1,6 +1,6 @@
 //! How far a consumer, or its whole group, is behind its topic.
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::TopicPartitionList;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ pub struct Backlog {
 
 /// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
 /// 1-2 s each): call it from `spawn_blocking`.
-pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
+pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) -> Backlog {
     let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
     if assigned > 0 {
         let lags = consumer_lag(consumer);
@@ -89,7 +89,7 @@ pub fn backlog(consumer: &StreamConsumer, topic: &str) -> Backlog {
 
 /// Messages behind the high watermark, per partition assigned to `consumer`. Blocking (it asks
 /// the broker): call it from `spawn_blocking`.
-pub fn consumer_lag(consumer: &StreamConsumer) -> Vec<(i32, i64)> {
+pub fn consumer_lag<C: ConsumerContext>(consumer: &StreamConsumer<C>) -> Vec<(i32, i64)> {
     let mut out = Vec::new();
     let Ok(positions) = consumer.position() else {
         return out;

@@ -9,6 +9,7 @@
 mod handle;
 mod healing;
 mod lag;
+mod logs;
 mod replaceable;
 mod stall;
 pub mod steer;
@@ -16,11 +17,17 @@ pub mod steer;
 pub use handle::{ClosesElsewhere, ClosingConsumer};
 pub use healing::{HealingProducer, SharedProducer, RESET_AFTER_FAILURES, RESET_INTERVAL};
 pub use lag::{backlog, consumer_lag, Backlog};
+pub use logs::{Quiet, REPEAT_WINDOW};
 pub use replaceable::Replaceable;
 pub use stall::{Activity, Busy, StallWatch, STALL_AFTER_MAX};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+
+/// zlink's consumers: rdkafka's stream consumer with the [`Quiet`] context.
+pub type ZConsumer = StreamConsumer<Quiet>;
+/// zlink's producers of one message at a time: rdkafka's future producer with [`Quiet`].
+pub type ZProducer = rdkafka::producer::FutureProducer<Quiet>;
 
 /// Reconnect quickly after a broker restart, and leave a hung broker quickly.
 ///
@@ -192,7 +199,7 @@ pub fn manual_store_consumer(
 /// stalled one, or a stalled one that came back after its replacement joined). A dead consumer
 /// never consumes again; the caller replaces it ([`Replaceable::replace`]). Nothing is
 /// lost: offsets are only ever stored after the work is durable.
-pub fn is_fatal(consumer: &StreamConsumer) -> bool {
+pub fn is_fatal<C: ConsumerContext>(consumer: &StreamConsumer<C>) -> bool {
     match consumer.client().fatal_error() {
         Some((code, reason)) => {
             tracing::error!(?code, reason, "Kafka consumer failed fatally; replacing it");
@@ -207,7 +214,12 @@ pub fn is_fatal(consumer: &StreamConsumer) -> bool {
 /// offset is passed (passing `offset + 1` once skipped an event per partition on every
 /// restart). A partition revoked meanwhile refuses it; its new owner redoes the work, which
 /// both services make idempotent.
-pub fn store_done(consumer: &StreamConsumer, topic: &str, partition: i32, offset: i64) {
+pub fn store_done<C: ConsumerContext>(
+    consumer: &StreamConsumer<C>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+) {
     if let Err(e) = consumer.store_offset(topic, partition, offset) {
         tracing::debug!(partition, error = %e, "offset not stored");
     }

@@ -188,7 +188,7 @@ async fn click_spools_drain_after_kafka_is_frozen_and_thawed_under_traffic() {
 /// that replacement fences the intruder in turn: replication goes on, nothing exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replicator_consumer_fenced_by_its_own_instance_id_is_replaced_and_replication_goes_on() {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::consumer::Consumer;
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let n = names(&ks);
@@ -224,7 +224,7 @@ async fn a_replicator_consumer_fenced_by_its_own_instance_id_is_replaced_and_rep
     // replicator's consumer (a fatal error for it).
     let intruder = zlink_clients::kafka::ClosingConsumer::new(
         zlink_clients::kafka::manual_store_consumer(&infra.kafka, &n.group, &instance, 500)
-            .create::<StreamConsumer>()
+            .create_with_context(zlink_clients::kafka::Quiet::default())
             .unwrap(),
     );
     intruder.subscribe(&[&n.links_topic]).unwrap();

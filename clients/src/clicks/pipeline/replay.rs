@@ -5,6 +5,7 @@
 //! ids.
 
 use super::*;
+use crate::kafka::Quiet;
 use crate::kafka::SharedProducer;
 use crate::spool::Reader;
 use crate::trace::Span;
@@ -100,10 +101,20 @@ impl BatchAcks {
     }
 }
 
-/// The replayer's producer context: each delivery report settles its batch's count.
-pub(super) struct ReplayContext;
+/// The replayer's producer context: each delivery report settles its batch's count; log lines
+/// and errors as every zlink client's ([`Quiet`]: repeats held back while Kafka is away).
+#[derive(Default)]
+pub(super) struct ReplayContext(Quiet);
 
-impl rdkafka::ClientContext for ReplayContext {}
+impl rdkafka::ClientContext for ReplayContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        self.0.log(level, fac, log_message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.0.error(error, reason);
+    }
+}
 
 impl rdkafka::producer::ProducerContext for ReplayContext {
     type DeliveryOpaque = Arc<BatchAcks>;
@@ -120,7 +131,7 @@ pub(super) type ReplayProducer = ThreadedProducer<ReplayContext>;
 pub(super) fn replay_producer(
     config: &rdkafka::ClientConfig,
 ) -> rdkafka::error::KafkaResult<ReplayProducer> {
-    config.create_with_context(ReplayContext)
+    config.create_with_context(ReplayContext::default())
 }
 
 /// The partition of the clicks topic a slug's clicks go to: librdkafka's default partitioner
