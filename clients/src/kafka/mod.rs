@@ -4,7 +4,8 @@
 //! What the clients are built from lives in the submodules: [`handle`] (a client closed on a
 //! thread of its own), [`healing`] (a producer that replaces itself), [`replaceable`] (a
 //! consumer that is replaced), [`stall`] (when a consumer has stalled), [`lag`] (how far
-//! behind it is), [`steer`] (a keyed message around a partition leader that does not answer).
+//! behind it is), [`steer`] (a keyed message around a partition leader that does not answer),
+//! [`logs`] (librdkafka's log lines, repeats held back while a cluster is away).
 
 mod handle;
 mod healing;
