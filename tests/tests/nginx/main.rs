@@ -13,6 +13,7 @@ mod domains;
 mod https;
 mod limits;
 mod takedown;
+mod wan;
 
 /// Timeouts come from nginx/*.budgets (the defaults `up` uses too); tests set only the rest.
 fn common() -> Vec<(&'static str, String)> {
