@@ -98,7 +98,8 @@ impl App {
     /// the prepared statements.
     pub async fn build(cfg: &CountConfig, db: Arc<Db>) -> anyhow::Result<Arc<Self>> {
         let connect_cfg = cfg.clone();
-        let consumer = Replaceable::new(move || Self::connect(&connect_cfg))?;
+        let consumer = Replaceable::new(move || Self::connect(&connect_cfg))?
+            .with_probe(kafka::probe_config(&cfg.kafka, "zlink-counter-probe"));
         let clicks = Arc::new(ClickStore::prepare(db.clone()).await?);
         Ok(Arc::new(App {
             consumer,
@@ -162,8 +163,10 @@ impl App {
         tracing::info!("click counter stopped");
     }
 
-    /// Every 2 s: readiness (store and Kafka answer), the consumer lag, and whether the
-    /// consumer has stalled; a stalled one's loop is stopped so [`Self::run`] replaces it.
+    /// Every 2 s (every second while the consumer makes no progress with clicks waiting:
+    /// [`StallWatch::next_check`]): readiness (store and Kafka answer), the consumer lag, and
+    /// whether the consumer has stalled; a stalled one's loop is stopped so [`Self::run`]
+    /// replaces it.
     async fn probe(self: Arc<Self>, ops: Arc<Ops>, shutdown: CancellationToken) {
         let mut stall = StallWatch::new(
             Duration::from_secs(self.cfg.consumer_stall_secs),
@@ -204,7 +207,7 @@ impl App {
             ]));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = tokio::time::sleep(stall.next_check(Duration::from_secs(2))) => {}
             }
         }
     }

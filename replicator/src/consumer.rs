@@ -185,7 +185,9 @@ impl Pipeline {
         ));
         let connect_cfg = cfg.clone();
         Ok(Arc::new(Pipeline {
-            consumer: Replaceable::new(move || Self::connect(&connect_cfg))?,
+            consumer: Replaceable::new(move || Self::connect(&connect_cfg))?.with_probe(
+                zlink_clients::kafka::probe_config(&cfg.kafka, "zlink-replicator-probe"),
+            ),
             activity: Arc::default(),
             journal,
             dlq,
@@ -452,7 +454,8 @@ impl Pipeline {
         }
     }
 
-    /// Every [`WATCH_EVERY`]: the lag per assigned partition, and whether the consumer has
+    /// Every [`WATCH_EVERY`] (every second while it makes no progress with events waiting:
+    /// [`StallWatch::next_check`]): the lag per assigned partition, and whether the consumer has
     /// stalled; a stalled one's loop is stopped so [`Self::run`] puts a fresh one in its place.
     async fn watch(self: Arc<Self>, shutdown: CancellationToken) {
         let mut stall = StallWatch::new(
@@ -462,7 +465,7 @@ impl Pipeline {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(WATCH_EVERY) => {}
+                _ = tokio::time::sleep(stall.next_check(WATCH_EVERY)) => {}
             }
             self.consumer
                 .check_stall(

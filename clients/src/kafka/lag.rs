@@ -18,6 +18,8 @@ pub struct Backlog {
     /// Kafka answered (a partition's watermarks or, with nothing assigned, the topic's
     /// metadata): what readiness needs, without asking a second time.
     pub answered: bool,
+    /// Partitions assigned to this consumer when it was asked.
+    pub assigned: usize,
 }
 
 /// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
@@ -38,6 +40,7 @@ pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) ->
             lags,
             waiting,
             group_position: None,
+            assigned,
         };
     }
     // Nothing assigned to this member: it is only stalled if its group is (a member that lost
@@ -84,6 +87,24 @@ pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) ->
         waiting: (waiting || known).then_some(waiting),
         group_position: known.then_some(position),
         answered: true,
+        assigned: 0,
+    }
+}
+
+/// Whether Kafka answers a fresh client built from `config` (no group): the topic's metadata
+/// within a second. Blocking: call it from `spawn_blocking`. The client is closed before it
+/// returns.
+pub fn answers(config: &rdkafka::ClientConfig, topic: &str) -> bool {
+    let client: Result<rdkafka::consumer::BaseConsumer<super::Quiet>, _> =
+        config.create_with_context(super::Quiet::default());
+    match client {
+        Ok(c) => c
+            .fetch_metadata(Some(topic), Duration::from_secs(1))
+            .is_ok(),
+        Err(e) => {
+            tracing::warn!(error = %e, "creating the Kafka probe client failed");
+            false
+        }
     }
 }
 

@@ -17,10 +17,12 @@ pub mod steer;
 
 pub use handle::{ClosesElsewhere, ClosingConsumer};
 pub use healing::{HealingProducer, SharedProducer, RESET_AFTER_FAILURES, RESET_INTERVAL};
-pub use lag::{backlog, consumer_lag, Backlog};
+pub use lag::{answers, backlog, consumer_lag, Backlog};
 pub use logs::{Quiet, REPEAT_WINDOW};
 pub use replaceable::Replaceable;
-pub use stall::{Activity, Busy, StallWatch, STALL_AFTER_MAX};
+pub use stall::{
+    Activity, Busy, StallWatch, PROBE_EVERY_MAX, STALL_AFTER_MAX, STUCK_AFTER, SUSPECT_EVERY,
+};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
@@ -192,6 +194,17 @@ pub fn manual_store_consumer(
         c.set("group.instance.id", instance_id);
     }
     reconnect_fast(&mut c);
+    c
+}
+
+/// The settings of a client that only asks whether Kafka answers ([`answers`]): the brokers,
+/// no group, a request timeout of one second. The caller adds its TLS settings.
+pub fn probe_config(brokers: &str, client_id: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("client.id", client_id)
+        .set("socket.timeout.ms", "1000")
+        .set("socket.connection.setup.timeout.ms", "1000");
     c
 }
 

@@ -3,6 +3,7 @@
 use super::{backlog, Activity, Backlog, ClosingConsumer, StallWatch};
 use prometheus::{IntCounter, IntGaugeVec};
 use rdkafka::error::KafkaResult;
+use rdkafka::ClientConfig;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,9 @@ pub struct Replaceable {
     current: RwLock<Arc<ClosingConsumer>>,
     generation: Mutex<tokio_util::sync::CancellationToken>,
     connect: Box<dyn Fn() -> KafkaResult<ClosingConsumer> + Send + Sync>,
+    /// Settings of the fresh client that asks Kafka whether it answers at all, when the current
+    /// consumer gets no answer ([`StallWatch::wants_probe`]).
+    probe: Option<ClientConfig>,
 }
 
 impl Replaceable {
@@ -25,7 +29,17 @@ impl Replaceable {
             current: RwLock::new(Arc::new(connect()?)),
             generation: Mutex::new(tokio_util::sync::CancellationToken::new()),
             connect: Box::new(connect),
+            probe: None,
         })
+    }
+
+    /// Lets the stall watch ask a fresh client built from `config` (the brokers and the TLS
+    /// settings of the consumer, no group) whether Kafka answers, when the consumer gets no
+    /// answer itself: a consumer stuck while Kafka answers everyone else is then replaced within
+    /// seconds, not after the long window.
+    pub fn with_probe(mut self, config: ClientConfig) -> Self {
+        self.probe = Some(config);
+        self
     }
 
     /// The consumer in use.
@@ -58,7 +72,9 @@ impl Replaceable {
     /// One round of a stall watch on `topic`: asks Kafka (off the runtime) how far the current
     /// consumer is behind, sets `lag` per assigned partition and, when `stall` finds it stalled
     /// (given what `activity` saw since the last round), counts it in `resets` and stops its loop
-    /// so the service replaces it. Returns the [`Backlog`] (its `answered` is Kafka's liveness).
+    /// so the service replaces it. With a probe ([`Self::with_probe`]) and when the watch asks,
+    /// a fresh client first asks Kafka whether it answers at all. Returns the [`Backlog`] (its
+    /// `answered` is Kafka's liveness as the current consumer sees it).
     pub async fn check_stall(
         &self,
         topic: &str,
@@ -75,12 +91,30 @@ impl Replaceable {
             lag.with_label_values(&[&p.to_string()]).set(*l);
         }
         let (received, busy) = activity.take();
-        if stall.observe(Instant::now(), received, busy, &backlog) {
+        let now = Instant::now();
+        let probe = match &self.probe {
+            Some(config) if stall.wants_probe(now, received, busy, &backlog) => {
+                let (config, t) = (config.clone(), topic.to_owned());
+                let answered = tokio::task::spawn_blocking(move || super::answers(&config, &t))
+                    .await
+                    .unwrap_or(false);
+                tracing::info!(
+                    topic,
+                    answered,
+                    "Kafka asked by a fresh client: the consumer gets no answer"
+                );
+                Some(answered)
+            }
+            _ => None,
+        };
+        if stall.observe(now, received, busy, &backlog, probe) {
             tracing::warn!(
                 topic,
                 waiting = ?backlog.waiting,
-                assigned = backlog.lags.len(),
-                "Kafka consumer stalled: messages wait (or Kafka does not say) and none arrived; replacing it"
+                assigned = backlog.assigned,
+                answered = backlog.answered,
+                why = stall.reason(),
+                "Kafka consumer stalled; replacing it"
             );
             resets.inc();
             self.stop_current();

@@ -47,6 +47,21 @@ impl Activity {
 /// Longest wait between replacements of a consumer that stays stalled (Kafka down for long).
 pub const STALL_AFTER_MAX: Duration = Duration::from_secs(300);
 
+/// How long a consumer that had been working may go without progress while Kafka answers (see
+/// [`StallWatch`]) before it is replaced.
+pub const STUCK_AFTER: Duration = Duration::from_secs(2);
+
+/// How often a watch looks while its consumer makes no progress and messages may wait
+/// ([`StallWatch::next_check`]), so that a stuck consumer is seen within a second or two of
+/// Kafka answering again.
+pub const SUSPECT_EVERY: Duration = Duration::from_secs(1);
+
+/// Longest wait between two probes of Kafka by a fresh client ([`StallWatch::wants_probe`])
+/// while Kafka does not answer them either (the first comes after [`STUCK_AFTER`], the second
+/// 2 s later, then one every 4 s): a probe is a client created and closed, cheap enough every
+/// few seconds of an outage, and the wait bounds how long after a thaw a stuck consumer stays.
+pub const PROBE_EVERY_MAX: Duration = Duration::from_secs(4);
+
 /// Decides when a consumer has stalled: messages wait (or Kafka does not say), none arrive, no
 /// work is in progress and, with nothing assigned, the group's position does not move, for
 /// `after`. librdkafka can leave a consumer like that after its broker was frozen past the
@@ -55,11 +70,41 @@ pub const STALL_AFTER_MAX: Duration = Duration::from_secs(300);
 /// consumed nothing for the 84 s until the run ended. A fresh consumer bootstraps and joins
 /// anew. While the consumer stays stalled (Kafka down), each further replacement waits twice
 /// as long as the one before, up to [`STALL_AFTER_MAX`]; progress resets that.
+///
+/// **Stuck while Kafka answers** is told apart sooner, once looks [`STUCK_AFTER`] apart (a look
+/// a second while no progress is seen) found no progress, for a consumer that has worked since
+/// it was created: Kafka answers, either this consumer's own requests (the watermarks of its
+/// partitions, or the topic's metadata) or, when this consumer gets no answer at all, a fresh
+/// client's (the service's probe, asked only then, at most every [`PROBE_EVERY_MAX`] while
+/// Kafka stays silent; its answer counts from the consumer's next look, so a consumer whose
+/// Kafka came back between its own requests and the probe's has one more look to show it). Measured on 2026-11-28 (`ctl drill
+/// --fault slow:s3 --fault hang:kafka --fault flap:kafka`, Kafka behind its fault proxy): after
+/// a 10 s freeze of the broker, the replicator's consumer got no answer to anything (its
+/// `GroupCoordinator` and broker connections kept timing out, 9 requests in the out-queue)
+/// while the broker answered every other client; its session timed out 20 s after the thaw
+/// and the 45 s window replaced it 45 s after the thaw, where the fresh consumer applied the
+/// waiting events within 1.5 s. Kept on the long window: with nothing assigned, the
+/// coordinator answering that the group's messages wait (a rebalance waiting out a departed
+/// member's session); Kafka answering no one (an outage: a fresh consumer would not help); and
+/// a consumer that has not worked yet (one joining a group whose coordinator is still being
+/// set up, as on a new cluster, or the replacement itself).
 pub struct StallWatch {
     base: Duration,
     after: Duration,
     since: std::time::Instant,
     group_position: Option<i64>,
+    /// The consumer has made progress (or been caught up) since it was created.
+    worked: bool,
+    /// Since the first of the looks in a row that saw no progress (messages waiting or Kafka
+    /// silent).
+    suspect_since: Option<std::time::Instant>,
+    /// A fresh client got an answer from Kafka during this run of looks without progress.
+    probe_answered: bool,
+    /// The last replacement was for being stuck while Kafka answers.
+    stuck_fired: bool,
+    /// When a fresh client may next probe Kafka, and the wait after that one.
+    probe_at: std::time::Instant,
+    probe_gap: Duration,
 }
 
 impl StallWatch {
@@ -69,38 +114,124 @@ impl StallWatch {
             after,
             since: now,
             group_position: None,
+            worked: false,
+            suspect_since: None,
+            probe_answered: false,
+            stuck_fired: false,
+            probe_at: now,
+            probe_gap: STUCK_AFTER,
         }
     }
 
+    /// When to look next: `normal`, or [`SUSPECT_EVERY`] while the last look found no progress
+    /// with messages waiting (or Kafka silent).
+    pub fn next_check(&self, normal: Duration) -> Duration {
+        if self.suspect_since.is_some() {
+            normal.min(SUSPECT_EVERY)
+        } else {
+            normal
+        }
+    }
+
+    /// Why the last `true` of [`Self::observe`] was: for the log.
+    pub fn reason(&self) -> &'static str {
+        if self.stuck_fired {
+            "stuck while Kafka answers (no progress, messages waiting or Kafka silent to this consumer only)"
+        } else {
+            "messages wait (or Kafka does not say) and none arrived"
+        }
+    }
+
+    fn progress(received: bool, busy: bool, group_moved: bool, backlog: &Backlog) -> bool {
+        received || busy || group_moved || backlog.waiting == Some(false)
+    }
+
+    fn group_moved(&self, backlog: &Backlog) -> bool {
+        matches!(
+            (self.group_position, backlog.group_position),
+            (Some(a), Some(b)) if a != b
+        )
+    }
+
+    /// Whether the service should ask a fresh client if Kafka answers, before [`Self::observe`]
+    /// with the same arguments: only for a consumer that has worked, gets no answer itself and
+    /// has made no progress for [`STUCK_AFTER`]; then at most every 2, 4, ... up to
+    /// [`PROBE_EVERY_MAX`] seconds while the probes get no answer either.
+    pub fn wants_probe(
+        &self,
+        now: std::time::Instant,
+        received: bool,
+        busy: bool,
+        backlog: &Backlog,
+    ) -> bool {
+        self.worked
+            && !backlog.answered
+            && !self.probe_answered
+            && !Self::progress(received, busy, self.group_moved(backlog), backlog)
+            && self
+                .suspect_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= STUCK_AFTER.min(self.base))
+            && now >= self.probe_at
+    }
+
     /// One probe at `now`: whether messages arrived since the last, whether work is in
-    /// progress ([`Activity::take`]), and the [`Backlog`]. True when the consumer should be
-    /// replaced; the clock then starts again.
+    /// progress ([`Activity::take`]), the [`Backlog`], and whether a fresh client got an answer
+    /// from Kafka (`Some` when [`Self::wants_probe`] asked for one). True when the consumer
+    /// should be replaced; the clock then starts again.
     pub fn observe(
         &mut self,
         now: std::time::Instant,
         received: bool,
         busy: bool,
         backlog: &Backlog,
+        probe: Option<bool>,
     ) -> bool {
-        let group_moved = matches!(
-            (self.group_position, backlog.group_position),
-            (Some(a), Some(b)) if a != b
-        );
+        let group_moved = self.group_moved(backlog);
         if backlog.group_position.is_some() {
             self.group_position = backlog.group_position;
         }
-        if received || busy || group_moved || backlog.waiting == Some(false) {
+        if Self::progress(received, busy, group_moved, backlog) {
             self.since = now;
             self.after = self.base;
+            self.worked = true;
+            self.suspect_since = None;
+            self.probe_answered = false;
+            self.probe_gap = STUCK_AFTER;
+            self.probe_at = now;
             return false;
+        }
+        let suspect_for = now.saturating_duration_since(*self.suspect_since.get_or_insert(now));
+        let rebalancing =
+            backlog.answered && backlog.assigned == 0 && backlog.waiting == Some(true);
+        let kafka_answers = backlog.answered || self.probe_answered;
+        match probe {
+            Some(true) => self.probe_answered = true,
+            Some(false) => {
+                self.probe_at = now + self.probe_gap;
+                self.probe_gap = (self.probe_gap * 2).min(PROBE_EVERY_MAX);
+            }
+            None => {}
+        }
+        if self.worked && kafka_answers && !rebalancing && suspect_for >= STUCK_AFTER.min(self.base)
+        {
+            self.fired(now, true);
+            return true;
         }
         if now.saturating_duration_since(self.since) < self.after {
             return false;
         }
-        self.since = now;
         self.after = (self.after * 2).min(STALL_AFTER_MAX.max(self.base));
-        self.group_position = None;
+        self.fired(now, false);
         true
+    }
+
+    fn fired(&mut self, now: std::time::Instant, stuck: bool) {
+        self.since = now;
+        self.worked = false;
+        self.suspect_since = None;
+        self.probe_answered = false;
+        self.group_position = None;
+        self.stuck_fired = stuck;
     }
 }
 
@@ -122,24 +253,24 @@ mod tests {
         let mut w = StallWatch::new(Duration::from_secs(20), t0);
         // Caught up: never stalled, however long nothing arrives.
         for s in (5..=100).step_by(5) {
-            assert!(!w.observe(at(s), false, false, &waiting(Some(false))));
+            assert!(!w.observe(at(s), false, false, &waiting(Some(false)), None));
         }
         // Messages wait and none arrive: stalled once the window has passed since the last
         // progress (at 100 s), not before.
-        assert!(!w.observe(at(105), false, false, &waiting(Some(true))));
-        assert!(!w.observe(at(115), false, false, &waiting(Some(true))));
-        assert!(w.observe(at(120), false, false, &waiting(Some(true))));
+        assert!(!w.observe(at(105), false, false, &waiting(Some(true)), None));
+        assert!(!w.observe(at(115), false, false, &waiting(Some(true)), None));
+        assert!(w.observe(at(120), false, false, &waiting(Some(true)), None));
         // Still stalled after the replacement: the next one waits twice as long.
-        assert!(!w.observe(at(150), false, false, &waiting(None)));
-        assert!(w.observe(at(160), false, false, &waiting(None)));
-        assert!(!w.observe(at(199), false, false, &waiting(None)));
-        assert!(w.observe(at(240), false, false, &waiting(None)));
+        assert!(!w.observe(at(150), false, false, &waiting(None), None));
+        assert!(w.observe(at(160), false, false, &waiting(None), None));
+        assert!(!w.observe(at(199), false, false, &waiting(None), None));
+        assert!(w.observe(at(240), false, false, &waiting(None), None));
         // Messages arriving, or work in progress (S3 or the store down), is progress, and it
         // brings the window back to its base.
-        assert!(!w.observe(at(245), true, false, &waiting(Some(true))));
-        assert!(!w.observe(at(260), false, true, &waiting(Some(true))));
-        assert!(!w.observe(at(279), false, false, &waiting(Some(true))));
-        assert!(w.observe(at(280), false, false, &waiting(Some(true))));
+        assert!(!w.observe(at(245), true, false, &waiting(Some(true)), None));
+        assert!(!w.observe(at(260), false, true, &waiting(Some(true)), None));
+        assert!(!w.observe(at(279), false, false, &waiting(Some(true)), None));
+        assert!(w.observe(at(280), false, false, &waiting(Some(true)), None));
     }
 
     #[test]
@@ -148,7 +279,13 @@ mod tests {
         let mut w = StallWatch::new(Duration::from_secs(20), t0);
         let mut fired = Vec::new();
         for s in (5..=3000).step_by(5) {
-            if w.observe(t0 + Duration::from_secs(s), false, false, &waiting(None)) {
+            if w.observe(
+                t0 + Duration::from_secs(s),
+                false,
+                false,
+                &waiting(None),
+                None,
+            ) {
                 fired.push(s);
             }
         }
@@ -173,13 +310,205 @@ mod tests {
                 t0 + Duration::from_secs(s),
                 false,
                 false,
-                &group(i as i64 * 10)
+                &group(i as i64 * 10),
+                None
             ));
         }
         // The group stops moving with messages waiting: stalled after the window.
-        assert!(!w.observe(t0 + Duration::from_secs(65), false, false, &group(200)));
-        assert!(!w.observe(t0 + Duration::from_secs(80), false, false, &group(200)));
-        assert!(w.observe(t0 + Duration::from_secs(85), false, false, &group(200)));
+        assert!(!w.observe(
+            t0 + Duration::from_secs(65),
+            false,
+            false,
+            &group(200),
+            None
+        ));
+        assert!(!w.observe(
+            t0 + Duration::from_secs(80),
+            false,
+            false,
+            &group(200),
+            None
+        ));
+        assert!(w.observe(
+            t0 + Duration::from_secs(85),
+            false,
+            false,
+            &group(200),
+            None
+        ));
+    }
+
+    #[test]
+    fn a_consumer_stuck_while_kafka_answers_it_is_replaced_within_seconds() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        // Its partitions' messages wait, Kafka answers the watermarks, nothing arrives.
+        let lagging = Backlog {
+            answered: true,
+            assigned: 3,
+            waiting: Some(true),
+            ..Backlog::default()
+        };
+        // Not before it has worked: a new consumer may wait on a coordinator being set up.
+        for ms in (500..=40_000).step_by(500) {
+            assert!(
+                !w.observe(at(ms), false, false, &lagging, None),
+                "at {ms} ms"
+            );
+        }
+        let t0 = at(40_000);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(!w.observe(at(500), true, false, &lagging, None));
+        assert!(!w.observe(at(1_000), false, false, &lagging, None));
+        assert_eq!(w.next_check(Duration::from_secs(5)), SUSPECT_EVERY);
+        assert!(!w.observe(at(2_000), false, false, &lagging, None));
+        assert!(w.observe(at(3_000), false, false, &lagging, None));
+        assert!(w.reason().starts_with("stuck while Kafka answers"));
+        // The fresh one stuck too, before it ever worked: the long window (from 3 s).
+        assert!(!w.observe(at(8_000), false, false, &lagging, None));
+        assert!(!w.observe(at(47_000), false, false, &lagging, None));
+        assert!(w.observe(at(48_000), false, false, &lagging, None));
+        assert!(w.reason().starts_with("messages wait"));
+        // Progress: the short window again, and the normal pace.
+        assert!(!w.observe(at(49_000), true, false, &lagging, None));
+        assert_eq!(w.next_check(Duration::from_secs(5)), Duration::from_secs(5));
+        // Nothing assigned and the coordinator silent while the brokers answer the metadata
+        // (what the replicator's consumer did after the 2026-11-28 freeze): the same rule.
+        let coordinator_silent = Backlog {
+            answered: true,
+            waiting: None,
+            ..Backlog::default()
+        };
+        assert!(!w.observe(at(50_000), false, false, &coordinator_silent, None));
+        assert!(w.observe(at(52_000), false, false, &coordinator_silent, None));
+        assert!(w.reason().starts_with("stuck while Kafka answers"));
+    }
+
+    #[test]
+    fn a_consumer_kafka_is_silent_to_is_replaced_once_a_fresh_client_gets_an_answer() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        let silent = Backlog::default();
+        // Before it has worked: no probe (a new consumer may wait on a coordinator).
+        assert!(!w.wants_probe(at(5_000), false, false, &silent));
+        assert!(!w.observe(at(5_000), true, false, &silent, None));
+        // Kafka frozen: the consumer gets no answer. A probe once looks 2 s apart found no
+        // progress, then 2 s later, then every 4 s while the probe gets no answer either.
+        let mut probed = Vec::new();
+        for ms in (6_000..=60_000).step_by(1_000) {
+            let asked = w.wants_probe(at(ms), false, false, &silent);
+            if asked {
+                probed.push(ms / 1_000);
+            }
+            let fired = w.observe(at(ms), false, false, &silent, asked.then_some(false));
+            assert_eq!(
+                fired,
+                ms == 50_000,
+                "at {ms} ms: the long window (from 5 s) only"
+            );
+        }
+        assert_eq!(&probed[..5], &[8, 10, 14, 18, 22]);
+        // The replacement has not worked yet: no probe. It works, then Kafka goes silent to it
+        // again while a fresh client gets an answer (the broker thawed; this consumer's
+        // connections stay stuck): replaced at the first probe.
+        assert!(!w.wants_probe(at(61_000), false, false, &silent));
+        assert!(!w.observe(at(62_000), true, false, &silent, None));
+        assert!(!w.observe(at(63_000), false, false, &silent, None));
+        assert!(!w.wants_probe(at(64_000), false, false, &silent));
+        assert!(!w.observe(at(64_000), false, false, &silent, None));
+        // The probe's answer counts from the next look: the consumer has that look to show
+        // it works (its own requests were sent before Kafka came back).
+        assert!(w.wants_probe(at(65_000), false, false, &silent));
+        assert!(!w.observe(at(65_000), false, false, &silent, Some(true)));
+        assert!(
+            !w.wants_probe(at(66_000), false, false, &silent),
+            "one probe suffices"
+        );
+        assert!(w.observe(at(66_000), false, false, &silent, None));
+        assert!(w.reason().starts_with("stuck while Kafka answers"));
+        // A consumer that shows progress at that look stays.
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        assert!(!w.observe(at(1_000), true, false, &silent, None));
+        assert!(!w.observe(at(2_000), false, false, &silent, None));
+        assert!(!w.observe(at(4_000), false, false, &silent, Some(true)));
+        assert!(!w.observe(at(5_000), true, false, &silent, None));
+        // Work in progress is progress: no probe, however long.
+        assert!(!w.observe(at(65_000), false, true, &silent, None));
+        assert!(!w.wants_probe(at(90_000), false, true, &silent));
+    }
+
+    #[test]
+    fn messages_that_just_arrived_are_not_a_stuck_consumer() {
+        // The counter looks every 2 s: caught up at one look, clicks written a moment before
+        // the next (waiting, none received yet). One look without progress is not a stall,
+        // however long since the last progress; the next look (a second later) sees them.
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        let caught_up = Backlog {
+            answered: true,
+            assigned: 6,
+            waiting: Some(false),
+            ..Backlog::default()
+        };
+        let arrived = Backlog {
+            waiting: Some(true),
+            ..caught_up.clone()
+        };
+        assert!(!w.observe(at(2_000), false, false, &caught_up, None));
+        assert!(!w.observe(at(4_000), false, false, &arrived, None));
+        assert_eq!(w.next_check(Duration::from_secs(2)), SUSPECT_EVERY);
+        assert!(!w.observe(at(5_000), true, false, &arrived, None));
+        assert_eq!(w.next_check(Duration::from_secs(2)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn kafka_silent_or_a_rebalance_waiting_keeps_the_long_window() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Each watch has seen its consumer work (at 0 s), so only the kind of stall decides.
+        let worked =
+            |w: &mut StallWatch| assert!(!w.observe(t0, true, false, &Backlog::default(), None));
+        // Kafka does not answer at all: a fresh consumer would not help.
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        worked(&mut w);
+        let silent = Backlog::default();
+        for s in 1..45 {
+            assert!(!w.observe(at(s), false, false, &silent, None), "at {s} s");
+        }
+        assert!(w.observe(at(45), false, false, &silent, None));
+        assert!(w.reason().starts_with("messages wait"));
+        // Nothing assigned, the coordinator answers that the group's messages wait and its
+        // position does not move: a rebalance waiting out a departed member's session.
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        worked(&mut w);
+        let rebalancing = Backlog {
+            answered: true,
+            waiting: Some(true),
+            group_position: Some(7),
+            ..Backlog::default()
+        };
+        for s in 1..45 {
+            assert!(
+                !w.observe(at(s), false, false, &rebalancing, None),
+                "at {s} s"
+            );
+        }
+        assert!(w.observe(at(45), false, false, &rebalancing, None));
+        // Assigned partitions but Kafka answered none of their watermarks: not known to lag.
+        let mut w = StallWatch::new(Duration::from_secs(45), t0);
+        worked(&mut w);
+        let unknown = Backlog {
+            answered: false,
+            assigned: 2,
+            waiting: None,
+            ..Backlog::default()
+        };
+        for s in 1..45 {
+            assert!(!w.observe(at(s), false, false, &unknown, None), "at {s} s");
+        }
     }
 
     #[test]
