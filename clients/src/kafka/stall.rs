@@ -77,8 +77,9 @@ pub const PROBE_EVERY_MAX: Duration = Duration::from_secs(4);
 /// partitions, or the topic's metadata) or, when this consumer gets no answer at all, a fresh
 /// client's (the service's probe, asked only then, at most every [`PROBE_EVERY_MAX`] while
 /// Kafka stays silent; its answer counts from the consumer's next look, so a consumer whose
-/// Kafka came back between its own requests and the probe's has one more look to show it). Measured on 2026-11-28 (`ctl drill
-/// --fault slow:s3 --fault hang:kafka --fault flap:kafka`, Kafka behind its fault proxy): after
+/// Kafka came back between its own requests and the probe's has one more look to show it).
+/// Measured on 2026-11-28 (`ctl drill --fault slow:s3 --fault hang:kafka --fault flap:kafka`,
+/// Kafka behind its fault proxy): after
 /// a 10 s freeze of the broker, the replicator's consumer got no answer to anything (its
 /// `GroupCoordinator` and broker connections kept timing out, 9 requests in the out-queue)
 /// while the broker answered every other client; its session timed out 20 s after the thaw
@@ -142,6 +143,11 @@ impl StallWatch {
         }
     }
 
+    /// [`STUCK_AFTER`], or the base window where that is shorter.
+    fn stuck_after(&self) -> Duration {
+        STUCK_AFTER.min(self.base)
+    }
+
     fn progress(received: bool, busy: bool, group_moved: bool, backlog: &Backlog) -> bool {
         received || busy || group_moved || backlog.waiting == Some(false)
     }
@@ -170,7 +176,7 @@ impl StallWatch {
             && !Self::progress(received, busy, self.group_moved(backlog), backlog)
             && self
                 .suspect_since
-                .is_some_and(|t| now.saturating_duration_since(t) >= STUCK_AFTER.min(self.base))
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.stuck_after())
             && now >= self.probe_at
     }
 
@@ -212,8 +218,7 @@ impl StallWatch {
             }
             None => {}
         }
-        if self.worked && kafka_answers && !rebalancing && suspect_for >= STUCK_AFTER.min(self.base)
-        {
+        if self.worked && kafka_answers && !rebalancing && suspect_for >= self.stuck_after() {
             self.fired(now, true);
             return true;
         }
