@@ -281,7 +281,10 @@ impl Draft {
             match write::insert(&state.store, state.events.uses_outbox(), &new, now).await? {
                 Inserted::Taken(existing) => existing,
                 Inserted::Created => {
-                    state.cache.forget_local(&new.key).await;
+                    state
+                        .cache
+                        .created(&new.key, &crate::cache::CachedLink::from(&new))
+                        .await;
                     state
                         .events
                         .link_changed(link_event(LinkEventKind::Created, &new, now));

@@ -162,9 +162,16 @@ impl RedirectCache {
         }
     }
 
-    /// Forgets a slug in this instance only (a create: memcached never holds "missing").
-    pub async fn forget_local(&self, slug: &str) {
+    /// After a create: this instance forgets the slug (it may hold "missing": memcached never
+    /// does), and memcached is filled with the new link in the background (`add`, as a
+    /// redirect's fill: never over a value a later change wrote). A new link's first redirects,
+    /// on every primary, are then memcached hits instead of store reads at quorum, which on a
+    /// loaded ring can miss the redirect's store budget right when a link is shared.
+    pub async fn created(&self, slug: &str, link: &CachedLink) {
         self.local.invalidate(slug).await;
+        if let Some(mc) = &self.memcached {
+            mc.fill(slug, link);
+        }
     }
 
     /// After a status change: this instance forgets the slug and memcached gets the new value

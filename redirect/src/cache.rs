@@ -299,8 +299,6 @@ impl Memcached {
         }
     }
 
-    /// Fills memcached in the background (`add`: never over a newer value a change wrote);
-    /// the redirect never waits for it.
     /// Deletes a slug's entry (failures are counted; the entry then lives out its TTL).
     pub async fn forget(&self, slug: &str) {
         if let Err(e) = self.mc.delete(&self.key(slug)).await {
@@ -308,6 +306,8 @@ impl Memcached {
         }
     }
 
+    /// Fills memcached in the background (`add`: never over a newer value a change wrote);
+    /// the redirect never waits for it.
     pub fn fill<V: Serialize>(&self, slug: &str, v: &V) {
         let metrics = self.metrics.clone();
         self.mc

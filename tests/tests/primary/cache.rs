@@ -102,6 +102,36 @@ async fn concurrent_misses_for_a_cold_slug_cause_one_store_read() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_links_first_redirect_on_another_instance_is_a_memcached_hit() {
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let mc = OwnMemcached::start().await;
+    let writer = spawn_primary(&infra, &ks, &["--memcached", &mc.addr], None).await;
+    let key = create_key(&writer.state, "alice", false).await;
+    let r = create(
+        &writer.base,
+        &key,
+        json!({"url": "https://example.com/shared-at-once", "slug": "shared-at-once"}),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    // Another instance sharing the memcached: the create filled it, so the store is not read.
+    let reader = spawn_primary(&infra, &ks, &["--memcached", &mc.addr], None).await;
+    let m = reader.state.metrics.clone();
+    let r = get(&reader.url("/shared-at-once")).await;
+    assert_eq!(r.status(), StatusCode::FOUND);
+    assert_eq!(
+        location(&r),
+        Some("https://example.com/shared-at-once".to_string())
+    );
+    assert_eq!(m.cache.lookups.with_label_values(&["memcached"]).get(), 1);
+    assert_eq!(m.store_reads.get(), 0, "the store was read for a new link");
+    writer.stop().await;
+    reader.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_readiness_and_metrics_are_served() {
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
