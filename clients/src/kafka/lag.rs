@@ -2,7 +2,44 @@
 
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::TopicPartitionList;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The most one look at a backlog ([`backlog`], [`consumer_lag`]) waits for Kafka, all its
+/// requests together. A consumer that gets no answer (stuck, or its broker gone) costs one look
+/// of this long instead of a timeout per request (committed offsets, then each partition's
+/// watermarks: 7 s for six partitions), so a stall watch that looks every second while a
+/// consumer is suspect still sees it within seconds. On a Kafka that answers a look takes
+/// milliseconds; partitions left unasked when the budget is spent are unknown (not waiting,
+/// not caught up).
+pub const LOOK_BUDGET: Duration = Duration::from_millis(1500);
+
+/// Shorter than this left of a look's budget: the request is not sent.
+const LEAST_WAIT: Duration = Duration::from_millis(100);
+
+/// What is left of one look's time budget.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    until: Instant,
+}
+
+impl Budget {
+    fn new(total: Duration) -> Self {
+        Budget {
+            until: Instant::now() + total,
+        }
+    }
+
+    /// How long the next request may wait: `most`, or what is left if less; `None` when less
+    /// than [`LEAST_WAIT`] is left.
+    fn wait(&self, most: Duration) -> Option<Duration> {
+        self.wait_at(Instant::now(), most)
+    }
+
+    fn wait_at(&self, now: Instant, most: Duration) -> Option<Duration> {
+        let left = self.until.saturating_duration_since(now);
+        (left >= LEAST_WAIT).then(|| left.min(most))
+    }
+}
 
 /// How far a consumer, or with nothing assigned to it its whole group, is behind its topic.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -22,12 +59,13 @@ pub struct Backlog {
     pub assigned: usize,
 }
 
-/// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests of at most
-/// 1-2 s each): call it from `spawn_blocking`.
+/// Asks Kafka how far `consumer` is behind on `topic`. Blocking (several requests, at most
+/// [`LOOK_BUDGET`] in all): call it from `spawn_blocking`.
 pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) -> Backlog {
+    let budget = Budget::new(LOOK_BUDGET);
     let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
     if assigned > 0 {
-        let lags = consumer_lag(consumer);
+        let lags = lag_within(consumer, &budget);
         let waiting = if lags.iter().any(|(_, l)| *l > 0) {
             Some(true)
         } else if lags.len() == assigned {
@@ -45,7 +83,10 @@ pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) ->
     }
     // Nothing assigned to this member: it is only stalled if its group is (a member that lost
     // its assignment and never got one back is what a stuck consumer looked like here).
-    let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(1)) else {
+    let Some(md) = budget
+        .wait(Duration::from_secs(1))
+        .and_then(|t| consumer.fetch_metadata(Some(topic), t).ok())
+    else {
         return Backlog::default();
     };
     let answered = Backlog {
@@ -62,13 +103,17 @@ pub fn backlog<C: ConsumerContext>(consumer: &StreamConsumer<C>, topic: &str) ->
         return answered;
     }
     // The coordinator not answering says nothing is known (and, if it lasts, is the stall).
-    let Ok(committed) = consumer.committed_offsets(all, Duration::from_secs(2)) else {
+    let Some(committed) = budget
+        .wait(Duration::from_secs(2))
+        .and_then(|t| consumer.committed_offsets(all, t).ok())
+    else {
         return answered;
     };
     let (mut waiting, mut known, mut position) = (false, true, 0i64);
     for e in committed.elements() {
-        let Ok((low, high)) =
-            consumer.fetch_watermarks(topic, e.partition(), Duration::from_secs(1))
+        let Some((low, high)) = budget
+            .wait(Duration::from_secs(1))
+            .and_then(|t| consumer.fetch_watermarks(topic, e.partition(), t).ok())
         else {
             known = false;
             continue;
@@ -108,19 +153,30 @@ pub fn answers(config: &rdkafka::ClientConfig, topic: &str) -> bool {
     }
 }
 
-/// Messages behind the high watermark, per partition assigned to `consumer`. Blocking (it asks
-/// the broker): call it from `spawn_blocking`.
+/// Messages behind the high watermark, per partition assigned to `consumer` (those Kafka
+/// answered for within [`LOOK_BUDGET`]). Blocking (it asks the broker): call it from
+/// `spawn_blocking`.
 pub fn consumer_lag<C: ConsumerContext>(consumer: &StreamConsumer<C>) -> Vec<(i32, i64)> {
+    lag_within(consumer, &Budget::new(LOOK_BUDGET))
+}
+
+fn lag_within<C: ConsumerContext>(
+    consumer: &StreamConsumer<C>,
+    budget: &Budget,
+) -> Vec<(i32, i64)> {
     let mut out = Vec::new();
     let Ok(positions) = consumer.position() else {
         return out;
     };
     // Before the first message of a partition arrives its position is unknown; then the
     // committed offset is where consumption stands.
-    let committed = consumer.committed(Duration::from_secs(1)).ok();
+    let committed = budget
+        .wait(Duration::from_secs(1))
+        .and_then(|t| consumer.committed(t).ok());
     for e in positions.elements() {
-        let Ok((low, high)) =
-            consumer.fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(1))
+        let Some((low, high)) = budget
+            .wait(Duration::from_secs(1))
+            .and_then(|t| consumer.fetch_watermarks(e.topic(), e.partition(), t).ok())
         else {
             continue;
         };
@@ -141,4 +197,23 @@ pub fn consumer_lag<C: ConsumerContext>(consumer: &StreamConsumer<C>) -> Vec<(i3
         out.push((e.partition(), (high - pos.max(low)).max(0)));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_looks_requests_share_its_budget_and_none_is_sent_once_it_is_spent() {
+        let b = Budget::new(Duration::from_millis(1500));
+        let t0 = b.until - Duration::from_millis(1500);
+        let ms = Duration::from_millis;
+        // A request never waits longer than it would alone, nor longer than what is left.
+        assert_eq!(b.wait_at(t0, ms(1000)), Some(ms(1000)));
+        assert_eq!(b.wait_at(t0 + ms(1000), ms(1000)), Some(ms(500)));
+        assert_eq!(b.wait_at(t0 + ms(1400), ms(1000)), Some(ms(100)));
+        // Less than the least worth sending left, or past the end: nothing is sent.
+        assert_eq!(b.wait_at(t0 + ms(1401), ms(1000)), None);
+        assert_eq!(b.wait_at(t0 + ms(5000), ms(1000)), None);
+    }
 }
