@@ -175,6 +175,7 @@ impl App {
         // The last time Kafka said nothing waits: every message waiting now was written after.
         let mut caught_up_at = now_ms();
         loop {
+            let looked = Instant::now();
             let store_ok = self.db.ping().await.is_ok();
             let backlog = self
                 .consumer
@@ -207,7 +208,11 @@ impl App {
             ]));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(stall.next_check(Duration::from_secs(2))) => {}
+                // Looks start every `next_check`: one that waited on Kafka (or the store) does
+                // not push the next.
+                _ = tokio::time::sleep(
+                    stall.next_check(Duration::from_secs(2)).saturating_sub(looked.elapsed()),
+                ) => {}
             }
         }
     }

@@ -462,11 +462,17 @@ impl Pipeline {
             Duration::from_secs(self.cfg.consumer_stall_secs),
             Instant::now(),
         );
+        let mut looked = Instant::now();
         loop {
+            // Looks start every `next_check`: one that waited on Kafka does not push the next.
+            let wait = stall
+                .next_check(WATCH_EVERY)
+                .saturating_sub(looked.elapsed());
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(stall.next_check(WATCH_EVERY)) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
+            looked = Instant::now();
             self.consumer
                 .check_stall(
                     &self.cfg.links_topic,

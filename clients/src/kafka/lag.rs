@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 /// requests together. A consumer that gets no answer (stuck, or its broker gone) costs one look
 /// of this long instead of a timeout per request (committed offsets, then each partition's
 /// watermarks: 7 s for six partitions), so a stall watch that looks every second while a
-/// consumer is suspect still sees it within seconds. On a Kafka that answers a look takes
+/// consumer is suspect still looks about every second. On a Kafka that answers a look takes
 /// milliseconds; partitions left unasked when the budget is spent are unknown (not waiting,
 /// not caught up).
-pub const LOOK_BUDGET: Duration = Duration::from_millis(1500);
+pub const LOOK_BUDGET: Duration = Duration::from_secs(1);
 
 /// Shorter than this left of a look's budget: the request is not sent.
 const LEAST_WAIT: Duration = Duration::from_millis(100);
