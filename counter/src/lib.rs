@@ -208,11 +208,7 @@ impl App {
             ]));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                // Looks start every `next_check`: one that waited on Kafka (or the store) does
-                // not push the next.
-                _ = tokio::time::sleep(
-                    stall.next_check(Duration::from_secs(2)).saturating_sub(looked.elapsed()),
-                ) => {}
+                _ = tokio::time::sleep(stall.wait_after(Duration::from_secs(2), looked)) => {}
             }
         }
     }

@@ -464,13 +464,9 @@ impl Pipeline {
         );
         let mut looked = Instant::now();
         loop {
-            // Looks start every `next_check`: one that waited on Kafka does not push the next.
-            let wait = stall
-                .next_check(WATCH_EVERY)
-                .saturating_sub(looked.elapsed());
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(stall.wait_after(WATCH_EVERY, looked)) => {}
             }
             looked = Instant::now();
             self.consumer

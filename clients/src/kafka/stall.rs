@@ -136,6 +136,12 @@ impl StallWatch {
         }
     }
 
+    /// The wait until the next look, for one that started at `looked`: [`Self::next_check`]
+    /// counted from the look's start, so a look that waited on Kafka does not push the next.
+    pub fn wait_after(&self, normal: Duration, looked: std::time::Instant) -> Duration {
+        self.next_check(normal).saturating_sub(looked.elapsed())
+    }
+
     /// Why the last `true` of [`Self::observe`] was: for the log.
     pub fn reason(&self) -> &'static str {
         if self.stuck_fired {
