@@ -58,6 +58,19 @@ pub struct Write {
     /// with its destination (true) or not (false: an acknowledged write lost). None: not
     /// acknowledged, or not checked.
     pub found: Option<bool>,
+    /// What each attempt that did not get 201 got, in order (`503 unavailable`, `no answer`):
+    /// the writer retries a 5xx or no answer as the API's 503 asks ("retry later").
+    pub refused: Vec<String>,
+}
+
+impl Write {
+    /// The slug and what its refused attempts got: `w49 (503 unavailable, 503 timeout)`.
+    fn described(&self) -> String {
+        match self.refused.is_empty() {
+            true => format!("{} ({})", self.slug, self.status),
+            false => format!("{} ({})", self.slug, self.refused.join(", ")),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -83,8 +96,11 @@ pub struct PhaseResult {
     pub interrupted: usize,
     pub to_rungs_p99_ms: f64,
     pub to_rungs_max_ms: f64,
-    /// Creates answered something else than 201: (status, slug), 0 = no answer.
+    /// Creates answered something else than 201: (status, slug and what each attempt got),
+    /// 0 = no answer.
     pub not_created: Vec<(u16, String)>,
+    /// Creates answered 201 only on a retry: the slug and what the refused attempts got.
+    pub retried: Vec<String>,
     /// Acknowledged creates the read-back after the drill did not find.
     pub lost: Vec<String>,
     pub action_error: Option<String>,
@@ -226,7 +242,12 @@ pub fn add_writes(phases: &[Phase], results: &mut [PhaseResult], writes: &[Write
         r.not_created = w
             .iter()
             .filter(|w| w.status != 201)
-            .map(|w| (w.status, w.slug.clone()))
+            .map(|w| (w.status, w.described()))
+            .collect();
+        r.retried = w
+            .iter()
+            .filter(|w| w.status == 201 && !w.refused.is_empty())
+            .map(|w| w.described())
             .collect();
         r.lost = w
             .iter()
@@ -289,7 +310,7 @@ pub fn judge(phases: &[Phase], results: &mut [PhaseResult], t: &Targets) {
             let list: Vec<String> = r
                 .not_created
                 .iter()
-                .map(|(st, slug)| format!("{slug} ({st})"))
+                .map(|(_, described)| described.clone())
                 .collect();
             m.push(format!(
                 "{} of {} creates not answered 201: {}",
@@ -362,11 +383,7 @@ pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
             r.added_p99_ms,
             r.max_ms,
             format!("{}/{}", r.clicks_sent, r.clicks_counted),
-            if r.interrupted > 0 {
-                format!("{}/{} ({}i)", r.created, r.creates, r.interrupted)
-            } else {
-                format!("{}/{}", r.created, r.creates)
-            },
+            creates_cell(r),
             r.to_rungs_max_ms,
             rungs,
             if r.misses.is_empty() {
@@ -380,6 +397,33 @@ pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
         println!(
             "(Ni): N creates were on their way when the next phase broke the write path, less than ε after them; not held to ε"
         );
+    }
+    if results.iter().any(|r| !r.retried.is_empty()) {
+        println!(
+            "(Nr): N creates were answered 201 only when retried (with their Idempotency-Key, {} s apart, at most {} retries) after a 5xx or no answer",
+            crate::writer::CREATE_RETRY_AFTER.as_secs_f64(),
+            crate::writer::CREATE_RETRIES
+        );
+    }
+    for (p, r) in phases.iter().zip(results) {
+        if !r.retried.is_empty() {
+            println!("creates retried in {}: {}", p.name, r.retried.join(", "));
+        }
+    }
+}
+
+/// The creates column: created/made, with (Ni) interrupted and (Nr) retried.
+fn creates_cell(r: &PhaseResult) -> String {
+    let mut notes = Vec::new();
+    if r.interrupted > 0 {
+        notes.push(format!("{}i", r.interrupted));
+    }
+    if !r.retried.is_empty() {
+        notes.push(format!("{}r", r.retried.len()));
+    }
+    match notes.is_empty() {
+        true => format!("{}/{}", r.created, r.creates),
+        false => format!("{}/{} ({})", r.created, r.creates, notes.join(" ")),
     }
 }
 
@@ -427,6 +471,7 @@ pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
         "create_to_every_rung_max_ms": r.to_rungs_max_ms,
         "invisible": p.invisible,
         "creates_not_201": r.not_created.iter().map(|(st, slug)| json!({"slug": slug, "status": st})).collect::<Vec<_>>(),
+        "creates_retried": r.retried,
         "acknowledged_not_found": r.lost,
         "action_error": r.action_error, "action_s": r.action_s,
         "start_ms": r.start_ms, "end_ms": r.end_ms,

@@ -127,13 +127,7 @@ pub(crate) async fn writer(
         let p = phase.load(Ordering::Relaxed);
         let slug = format!("drill-{}-w{n}", &run[..10]);
         let url = writer_url(&run, n);
-        let status = client
-            .post(format!("{base}/api/v1/links"))
-            .bearer_auth(&admin_key)
-            .json(&serde_json::json!({"url": url, "slug": slug}))
-            .send()
-            .await
-            .map_or(0, |r| r.status().as_u16());
+        let (status, refused) = create(&client, &base, &admin_key, &slug, &url).await;
         let at_ms = t0.elapsed().as_millis() as u64;
         let (client, blob, host) = (
             client.clone(),
@@ -153,6 +147,7 @@ pub(crate) async fn writer(
                 to_rungs_ms,
                 slug,
                 found: None,
+                refused,
             }
         });
     }
@@ -161,6 +156,57 @@ pub(crate) async fn writer(
         out.extend(w.ok());
     }
     out
+}
+
+/// How many times the writer retries a create that got a 5xx or no answer, and how long it
+/// waits first: the API's 503 says "retry later", and the primary's store circuit stays open
+/// for a second.
+pub(crate) const CREATE_RETRIES: usize = 2;
+pub(crate) const CREATE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// One create as a careful API client makes it: with an Idempotency-Key (the slug; a retry of
+/// a create that did land is answered with that link), retried after a 5xx or no answer at
+/// most [`CREATE_RETRIES`] times. The last status, and what each attempt that did not get 201
+/// got (`503 unavailable`: the status and the error body's code; `no answer`).
+async fn create(
+    client: &reqwest::Client,
+    base: &str,
+    admin_key: &str,
+    slug: &str,
+    url: &str,
+) -> (u16, Vec<String>) {
+    let mut refused = Vec::new();
+    for attempt in 0..=CREATE_RETRIES {
+        if attempt > 0 {
+            tokio::time::sleep(CREATE_RETRY_AFTER).await;
+        }
+        let got = client
+            .post(format!("{base}/api/v1/links"))
+            .bearer_auth(admin_key)
+            .header("idempotency-key", slug)
+            .json(&serde_json::json!({"url": url, "slug": slug}))
+            .send()
+            .await;
+        let Ok(r) = got else {
+            refused.push("no answer".to_string());
+            continue;
+        };
+        let status = r.status().as_u16();
+        if status == 201 {
+            return (status, refused);
+        }
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        let code = body["error"]["code"].as_str().unwrap_or("-");
+        refused.push(format!("{status} {code}"));
+        if status < 500 {
+            return (status, refused);
+        }
+    }
+    let last = refused
+        .last()
+        .and_then(|r| r.split(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    (last, refused)
 }
 
 fn writer_url(run: &str, n: u64) -> String {

@@ -123,6 +123,7 @@ fn a_phase_misses_on_failed_answers_slow_tails_and_lost_clicks() {
         to_rungs_ms: ms,
         slug: format!("w{at_ms}"),
         found: None,
+        refused: Vec::new(),
     };
     // While the store hangs a create may wait for it; once it is back, ε holds again.
     // Creates made just before the store hangs are cut off by it, not held to ε.
@@ -202,19 +203,35 @@ fn an_invisible_fault_is_held_to_every_create_rung_1_and_every_acknowledged_writ
         to_rungs_ms: (status == 201).then_some(100.0),
         slug: format!("w{at_ms}"),
         found,
+        refused: Vec::new(),
+    };
+    let refused = |mut w: Write, got: &[&str]| {
+        w.refused = got.iter().map(|g| g.to_string()).collect();
+        w
     };
     let writes = [
         w(1, 1100, 201, Some(true)),
         w(1, 1200, 503, None),
+        // Refused, then created on a retry: shown, not a miss.
+        refused(w(1, 1300, 201, Some(true)), &["503 unavailable"]),
+        // Refused on every attempt: a miss that says what each attempt got.
+        refused(
+            w(1, 1400, 503, None),
+            &["503 timeout", "no answer", "503 unavailable"],
+        ),
         w(2, 2100, 201, Some(false)),
     ];
     add_writes(&ph, &mut r, &writes, t.eps_ms);
     judge(&ph, &mut r, &t);
     let m1 = r[1].misses.join("; ");
     assert!(
-        m1.contains("1 of 2 creates not answered 201: w1200 (503)"),
+        m1.contains(
+            "2 of 4 creates not answered 201: w1200 (503), w1400 (503 timeout, no answer, 503 unavailable)"
+        ),
         "{m1}"
     );
+    assert_eq!(r[1].retried, ["w1300 (503 unavailable)"]);
+    assert_eq!(creates_cell(&r[1]), "2/4 (1r)");
     assert!(m1.contains("rung 1 served 197 of 200"), "{m1}");
     assert_eq!(
         r[2].misses,
