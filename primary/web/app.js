@@ -253,6 +253,7 @@ async function act(f) {
 
 // ------------------------------------------------------------------ stats and QR
 async function openDetail(l) {
+  clearQr();
   current = l;
   $('detail').hidden = false;
   $('detail-h').textContent = l.short_url;
@@ -264,7 +265,15 @@ async function openDetail(l) {
 function closeDetail() {
   current = null;
   $('detail').hidden = true;
+  clearQr();
+}
+
+// No QR code shown: the one of the link open before must never stand for the next one.
+function clearQr() {
   if (qrUrl) { URL.revokeObjectURL(qrUrl); qrUrl = null; }
+  $('qr-img').hidden = true;
+  $('qr-img').removeAttribute('src');
+  $('qr-download').hidden = true;
 }
 
 async function loadStats() {
@@ -280,18 +289,35 @@ async function loadStats() {
   } catch (e) { showError(e); }
 }
 
+// The link's QR code. A server error (a store that did not answer in time) is tried again,
+// twice, after 0.5 s and 1 s; the refresh button fetches a code that is still missing.
 async function loadQr() {
-  try {
-    const blob = await api('GET', linkPath(current, '/qr') + (current.domain ? '&' : '?') + 'format=png&size=384');
-    if (qrUrl) URL.revokeObjectURL(qrUrl);
-    qrUrl = URL.createObjectURL(blob);
-    $('qr-img').src = qrUrl;
-    $('qr-img').hidden = false;
-    const a = $('qr-download');
-    a.href = qrUrl;
-    a.download = (current.domain ? current.domain + '-' : '') + current.slug + '.png';
-    a.hidden = false;
-  } catch (e) { showError(e); }
+  const link = current;
+  if (!link) return;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      const blob = await api('GET', linkPath(link, '/qr') + (link.domain ? '&' : '?') + 'format=png&size=384');
+      if (current !== link) return;
+      if (qrUrl) URL.revokeObjectURL(qrUrl);
+      qrUrl = URL.createObjectURL(blob);
+      $('qr-img').src = qrUrl;
+      $('qr-img').hidden = false;
+      const a = $('qr-download');
+      a.href = qrUrl;
+      a.download = (link.domain ? link.domain + '-' : '') + link.slug + '.png';
+      a.hidden = false;
+      return;
+    } catch (e) {
+      const transient = !(e instanceof ApiError) || e.status >= 500;
+      if (!transient || attempt >= 3 || current !== link) { showError(e); return; }
+      await new Promise((r) => setTimeout(r, 500 * attempt));
+    }
+  }
+}
+
+function refreshDetail() {
+  loadStats();
+  if (!qrUrl) loadQr();
 }
 
 // Replaces a figure's chart, keeping its caption.
@@ -344,7 +370,7 @@ document.addEventListener('DOMContentLoaded', () => {
   $('domain-form').addEventListener('submit', registerDomain);
   $('search-form').addEventListener('submit', search);
   $('more').addEventListener('click', loadPage);
-  $('refresh').addEventListener('click', loadStats);
+  $('refresh').addEventListener('click', refreshDetail);
   $('close').addEventListener('click', closeDetail);
   if (sessionStorage.getItem(KEY)) start(); else $('key').focus();
 });
