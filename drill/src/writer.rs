@@ -96,8 +96,9 @@ async fn until_on_every_rung(
     None
 }
 
-/// Creates a link every `every` (not while a phase's actions run) and times each until every
-/// rung serves it, until `stop`.
+/// Creates a link every `every` (not while a phase's actions run; each in its own task, so a
+/// slow or retried create does not delay the next) and times each until every rung serves it,
+/// until `stop`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn writer(
     client: reqwest::Client,
@@ -127,14 +128,18 @@ pub(crate) async fn writer(
         let p = phase.load(Ordering::Relaxed);
         let slug = format!("drill-{}-w{n}", &run[..10]);
         let url = writer_url(&run, n);
-        let (status, refused) = create(&client, &base, &admin_key, &slug, &url).await;
-        let at_ms = t0.elapsed().as_millis() as u64;
-        let (client, blob, host) = (
+        let (client, base, admin_key, blob, host) = (
             client.clone(),
+            base.clone(),
+            admin_key.clone(),
             format!("{blob_prefix}{slug}"),
             lastresort_host.clone(),
         );
+        // The create in its own task: one that waits or is retried does not hold up the
+        // next one.
         watchers.spawn(async move {
+            let (status, refused) = create(&client, &base, &admin_key, &slug, &url).await;
+            let at_ms = t0.elapsed().as_millis() as u64;
             let to_rungs_ms = if status == 201 {
                 until_on_every_rung(&client, &blob, host.as_deref(), &slug, &url).await
             } else {
