@@ -10,7 +10,8 @@
 # own 175 ms deadline) reached nginx after nginx's 250 ms read timeout, so both primaries were
 # taken out of rotation for fail_timeout by one late answer each (and in CI 36 redirects got
 # an answer from no rung, max 2.1 s). A niced engine still gets all the CPU the tiers leave
-# (they use a few percent); ZLINK_ENGINE_NICE=0 runs them at equal priority.
+# (they use a few percent); ZLINK_ENGINE_NICE=0 runs them at equal priority. (That
+# measurement was made with plain `nice`, which, as below, did not reach across sessions.)
 ZL_ENGINE_NICE="${ZLINK_ENGINE_NICE:-10}"
 # Where the kernel groups processes by session (`sched_autogroup_enabled` 1, as on these
 # machines), `nice` alone does not do this: every component zl_spawn starts is a session of its
