@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use writer::{probe, verify, writer};
+use writer::{create_request, probe, verify, writer};
 
 /// The tier → components map: defaults, the primaries/lastresorts flags, then `--tier`.
 fn tier_map(a: &Args) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
@@ -150,12 +150,8 @@ async fn main() -> anyhow::Result<()> {
             // The topology may still be settling (a store reconnecting): retry a 5xx for a while.
             let since = Instant::now();
             loop {
-                let r = client
-                    .post(format!("{base}/api/v1/links"))
-                    .bearer_auth(&a.admin_key)
-                    // A retry of a create that did happen gets the same link, not a 409.
-                    .header("idempotency-key", &slug)
-                    .json(&serde_json::json!({"url": url, "slug": slug, "domain": domain}))
+                let body = serde_json::json!({"url": url, "slug": slug, "domain": domain});
+                let r = create_request(&client, &base, &a.admin_key, &slug, &body)
                     .send()
                     .await
                     .context("creating a drill link")?;

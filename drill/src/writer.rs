@@ -180,38 +180,48 @@ async fn create(
     slug: &str,
     url: &str,
 ) -> (u16, Vec<String>) {
-    let mut refused = Vec::new();
+    let (mut status, mut refused) = (0, Vec::new());
     for attempt in 0..=CREATE_RETRIES {
         if attempt > 0 {
             tokio::time::sleep(CREATE_RETRY_AFTER).await;
         }
-        let got = client
-            .post(format!("{base}/api/v1/links"))
-            .bearer_auth(admin_key)
-            .header("idempotency-key", slug)
-            .json(&serde_json::json!({"url": url, "slug": slug}))
+        let body = serde_json::json!({"url": url, "slug": slug});
+        let Ok(r) = create_request(client, base, admin_key, slug, &body)
             .send()
-            .await;
-        let Ok(r) = got else {
+            .await
+        else {
+            status = 0;
             refused.push("no answer".to_string());
             continue;
         };
-        let status = r.status().as_u16();
+        status = r.status().as_u16();
         if status == 201 {
-            return (status, refused);
+            break;
         }
         let body: serde_json::Value = r.json().await.unwrap_or_default();
         let code = body["error"]["code"].as_str().unwrap_or("-");
         refused.push(format!("{status} {code}"));
         if status < 500 {
-            return (status, refused);
+            break;
         }
     }
-    let last = refused
-        .last()
-        .and_then(|r| r.split(' ').next()?.parse().ok())
-        .unwrap_or(0);
-    (last, refused)
+    (status, refused)
+}
+
+/// `POST /api/v1/links` with `body`, under the Idempotency-Key `key` (a retry of a create
+/// that did land gets that link, not a 409): the drill's setup and its writer.
+pub(crate) fn create_request(
+    client: &reqwest::Client,
+    base: &str,
+    admin_key: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/api/v1/links"))
+        .bearer_auth(admin_key)
+        .header("idempotency-key", key)
+        .json(body)
 }
 
 fn writer_url(run: &str, n: u64) -> String {
