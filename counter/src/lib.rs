@@ -325,6 +325,9 @@ impl App {
                 .iter()
                 .map(|((t, p), part)| (t.clone(), *p, part.last))
                 .collect();
+            // The payloads are decoded: held through the counting they would double a large
+            // batch's memory.
+            drop(batch);
             if !self.count_all(&mut sources, parts, shutdown).await {
                 return; // shutting down: the batch stays uncommitted and is counted by whoever comes next
             }
