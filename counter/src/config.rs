@@ -33,9 +33,9 @@ pub struct CountConfig {
     /// until it is counted. Batches fill past a few thousand only while clicks wait (a
     /// backlog); then each (link, day) is written once per batch for all its clicks in it, so
     /// larger batches cost fewer store writes per click. Measured over 100,000 links
-    /// (docs/performance-notebook.md, 2026-11-29): 20,000 → 50,000 took ingest from ~22k to
-    /// ~27.5k clicks/s and the process's peak from ~280 to ~320 MB; 100,000 gained nothing
-    /// more and peaked at ~400 MB.
+    /// (docs/performance-notebook.md, 2026-11-29): 50,000 or 100,000 against 20,000 was ahead
+    /// in 10 of 12 A/B pairs (median +25%, on a noisy box), 50,000 and 100,000 even; the
+    /// process peaked at ~280 / ~320 / ~400 MB at 20,000 / 50,000 / 100,000.
     #[arg(long, default_value_t = 50_000)]
     pub batch_max: usize,
     /// How long a batch waits for more messages after its first, milliseconds.
