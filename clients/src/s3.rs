@@ -39,8 +39,12 @@ pub struct S3Config {
         default_value = "public, max-age=300"
     )]
     pub blob_cache_control: String,
-    /// Budget for one S3 request, milliseconds.
-    #[arg(long, env = "ZLINK_S3_TIMEOUT_MS", default_value_t = 5000)]
+    /// Budget for one S3 request, milliseconds. Well under ε (5 s, docs/design/budgets.md):
+    /// the replicator applies a partition's events in order, so a PUT sent into a hung S3
+    /// holds that partition's later links for one budget after S3 answers again (at 5 s a
+    /// create took 5.6 s to every rung). Every request here is one small object or one page of
+    /// a listing; the lastresort's reads have their own tighter `--s3-budget-ms` inside this.
+    #[arg(long, env = "ZLINK_S3_TIMEOUT_MS", default_value_t = 2000)]
     pub s3_timeout_ms: u64,
     /// PEM file of CA certificates trusted for an `https://` endpoint besides the system's
     /// roots (a private CA in front of the store, the local topology's CA). The server's

@@ -70,9 +70,6 @@ zl_start_replicator() {
     zl_primary_env
     zl_s3_env
     export RUST_LOG="${RUST_LOG:-info}"
-    # One S3 request's budget well under ε (docs/design/budgets.md): a PUT sent into a hung S3
-    # holds its partition's later links for one budget after S3 answers again.
-    export ZLINK_S3_TIMEOUT_MS="${ZLINK_REPLICATOR_S3_TIMEOUT_MS:-2000}"
     # Static group membership (one instance here): it takes its partitions back at once after
     # a restart of its own or of Kafka, so ε holds (ARCHITECTURE.md, "Budgets").
     # The S3 audit: a whole pass every 2 minutes here (a few thousand links: ~30 reads a
