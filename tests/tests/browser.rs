@@ -12,6 +12,8 @@ const SHORT: &str = "go.zlink.test";
 /// Where the links lead (a destination server of the test's own).
 const DEST: &str = "dest.zlink.test";
 const WAIT: Duration = Duration::from_secs(20);
+/// Fresh links the rung-1 visit may take (see the test) before it fails.
+const R1_TRIES: usize = 3;
 
 fn browser_hosts(short_to: &str, dest: &Destination) -> BrowserOptions {
     BrowserOptions {
@@ -72,8 +74,11 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
 
     // One link per rung and mode: a browser keeps a redirect for its max-age, so a link once
     // followed would not be asked for again.
+    // Rung 1 has R1_TRIES links per mode (see below).
     let mut links = std::collections::HashMap::new();
-    for rung in ["1", "2", "3", "4", "4s"] {
+    let r1: Vec<String> = (0..R1_TRIES).map(|i| format!("1-{i}")).collect();
+    let rungs = r1.iter().map(String::as_str).chain(["2", "3", "4", "4s"]);
+    for rung in rungs {
         for js in ["js", "nojs"] {
             let slug = format!("browser-r{rung}-{js}");
             let url = format!("http://{DEST}/r{rung}/{js}?a=1&b=%C3%A9");
@@ -118,17 +123,45 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
         o.no_javascript = js == "nojs";
         via_frontend.push((js, Browser::start(o).await));
     }
-    // Rung 1: the primaries answer. Each primary reads the links once first, so a cold store
-    // read on a loaded machine (the whole suite runs beside this test) cannot outlast the
-    // frontend's 250 ms budget and send a rung-1 request to rung 2.
-    for p in [&p1, &p2] {
-        for js in ["js", "nojs"] {
-            warm(&format!("{}/browser-r1-{js}", p.base)).await;
-        }
-    }
+    // Rung 1: the primaries answer. Each primary reads the link once first, so a cold store
+    // read cannot outlast the frontend's 250 ms budget. On a loaded machine (the whole suite
+    // runs beside this test) a warm read can still miss the primary's deadline, and then nginx
+    // rightly sends the browser to rung 2 (seen once in three full runs, 2026-11-29). The
+    // browser must land every time; a primary must have answered one of R1_TRIES fresh links.
+    let tier_of = |log: &[Value], slug: &str| -> Vec<String> {
+        log.iter()
+            .filter(|l| l["uri"] == format!("/{slug}"))
+            .map(|l| l["tier"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
     for (js, b) in &via_frontend {
-        let (short, url) = &links[&("1", *js)];
-        lands(b, short, url, &dest, &format!("rung1-{js}")).await;
+        let mut seen = Vec::new();
+        for rung in &r1 {
+            let slug = format!("browser-r{rung}-{js}");
+            for p in [&p1, &p2] {
+                warm(&format!("{}/{slug}", p.base)).await;
+            }
+            let (short, url) = &links[&(rung.as_str(), *js)];
+            lands(b, short, url, &dest, &format!("rung{rung}-{js}")).await;
+            // The frontend's log is flushed each second.
+            let mut tiers = Vec::new();
+            for _ in 0..50 {
+                tiers = tier_of(&fe.access_log("nginx-frontend.access.json", 1).await, &slug);
+                if !tiers.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let by_primary = tiers == ["primary"];
+            seen.push((slug, tiers));
+            if by_primary {
+                break;
+            }
+        }
+        assert!(
+            seen.last().is_some_and(|(_, t)| t == &["primary"]),
+            "rung 1 ({js}): a primary answered none of {R1_TRIES} links: {seen:?}"
+        );
     }
     // Rung 2: both primaries gone; the frontend fails over to the last-resort host.
     p1.stop().await;
@@ -161,12 +194,6 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
     }
 
     // Which tier answered each browser request, from the two nginx logs (flushed each second).
-    let tier_of = |log: &[Value], slug: &str| -> Vec<String> {
-        log.iter()
-            .filter(|l| l["uri"] == format!("/{slug}"))
-            .map(|l| l["tier"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
     let mut fe_log = Vec::new();
     for _ in 0..50 {
         fe_log = fe.access_log("nginx-frontend.access.json", 6).await;
@@ -176,7 +203,6 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for js in ["js", "nojs"] {
-        assert_eq!(tier_of(&fe_log, &format!("browser-r1-{js}")), ["primary"]);
         assert_eq!(
             tier_of(&fe_log, &format!("browser-r2-{js}")),
             ["lastresort"]
