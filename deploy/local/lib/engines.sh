@@ -21,12 +21,32 @@ ZL_ENGINE_NICE="${ZLINK_ENGINE_NICE:-10}"
 # restart, a memcached round trip's max 42 → 33 ms, a primary's redirect max 81 → 40 ms,
 # through Toxiproxy 127 → 50 ms. The single-node topology keeps plain `nice` until a whole test
 # run has been measured with it (its cargo tests share one session against the engines').
-if [[ "${ZLINK_CLUSTER:-0}" == 1 ]]; then
-  # shellcheck disable=SC2016
-  ZL_ENGINE_PRIO=(bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec nice -n "$0" "$@"' "$ZL_ENGINE_NICE")
-else
-  ZL_ENGINE_PRIO=(nice -n "$ZL_ENGINE_NICE")
-fi
+# zl_engine_prio [NICE]: sets ZL_PRIO, the command prefix that runs an engine at NICE (default
+# the engine nice).
+zl_engine_prio() {
+  local nice="${1:-$ZL_ENGINE_NICE}"
+  if [[ "${ZLINK_CLUSTER:-0}" == 1 ]]; then
+    # shellcheck disable=SC2016
+    ZL_PRIO=(bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null; exec nice -n "$0" "$@"' "$nice")
+  else
+    ZL_PRIO=(nice -n "$nice")
+  fi
+}
+# A Kafka node of the clustered topology that starts again while the rest serve (a heal after a
+# kill, a step of a rolling restart) starts at this nice, and gets the engine nice once it is
+# ready (zl_start_again). In production it starts on a machine of its own; here its start (the
+# JVM, its JIT, its logs' recovery: 6-12 CPU-s) took the CPU the store ring serves creates with.
+# Measured with deploy/local/slowbox 0.8 (the run capped at 0.8 of a CPU, as slow as CI's box),
+# `ctl drill --fault kill:kafka-2 --rate 50`: creates not answered 201 in the restart's phase
+# 14 of 131 → 1 of 135, slowest create → every rung 26.4 → 5.5 s, the restart 122 → 125 s
+# (docs/drill-results.md, 2026-12-01).
+ZL_ENGINE_RESTART_NICE="${ZLINK_ENGINE_RESTART_NICE:-19}"
+# zl_engine_renice PID NICE: PID's session (autogroup) and every thread of PID at NICE.
+zl_engine_renice() {
+  local pid="$1" nice="$2" t
+  echo "$nice" >"/proc/$pid/autogroup" 2>/dev/null || true
+  for t in /proc/"$pid"/task/*; do renice -n "$nice" -p "${t##*/}" >/dev/null 2>&1 || true; done
+}
 
 # ---------------------------------------------------------------- cassandra
 zl_start_cassandra() {
@@ -49,7 +69,8 @@ zl_spawn_cassandra() {
   # structures, and a full test run plus reruns against the same servers filled 1 GiB
   # (OutOfMemoryError after ~100 keyspaces). ZLINK_CASSANDRA_HEAP overrides (a ring node: 1g).
   local heap="${ZLINK_CASSANDRA_HEAP:-2g}"
-  zl_spawn "$name" "${ZL_ENGINE_PRIO[@]}" java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
+  zl_engine_prio
+  zl_spawn "$name" "${ZL_PRIO[@]}" java "-Xms$heap" "-Xmx$heap" -Xss512k -XX:+ExitOnOutOfMemoryError "${jvm_opts[@]}" \
     -Dcassandra.config="file://$dir/cassandra.yaml" \
     -Dcassandra.storagedir="$dir" \
     -Dcassandra.logdir="$ZLINK_RUN/logs" \
@@ -142,7 +163,8 @@ EOF
       -c "$dir/server.properties" >>"$(zl_logfile "$name")" 2>&1 ||
       zl_die "formatting the Kafka log dir of $name failed; see $(zl_logfile "$name")"
   fi
-  zl_spawn "$name" "${ZL_ENGINE_PRIO[@]}" java "-Xms256m" "-Xmx$heap" "${jit[@]}" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+  zl_engine_prio "${ZL_START_NICE:-}"
+  zl_spawn "$name" "${ZL_PRIO[@]}" java "-Xms256m" "-Xmx$heap" "${jit[@]}" -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$ZLINK_ROOT/deploy/local/conf/kafka-log4j2.properties" \
     -Dkafka.logs.dir="$ZLINK_RUN/logs" \
     -cp "$KAFKA_LIB/*" kafka.Kafka "$dir/server.properties"

@@ -86,11 +86,23 @@ zl_toxi() {
 #              alerted on | the filler removed (space is back: spooling resumes without a
 #              restart, tests/lastresort.rs proves it), then the spool moved back to the real
 #              disk by a graceful restart (any stop of NAME does that move, `ctl down` too)
+# zl_start_again NAME: starts NAME while the rest of the topology serves and waits until it is
+# ready; a Kafka node of the clustered topology at ZL_ENGINE_RESTART_NICE until then (engines.sh).
+zl_start_again() {
+  local name="$1" kind pid
+  kind="$(zl_kind "$name")"
+  if zl_cluster && [[ "$kind" == kafka_node || "$kind" == kafka_controller ]]; then
+    ZL_START_NICE="$ZL_ENGINE_RESTART_NICE" zl_start "$name" && zl_wait_ready "$name" || return 1
+    pid="$(zl_pid "$name")" && zl_engine_renice "$pid" "$ZL_ENGINE_NICE"
+    return 0
+  fi
+  zl_start "$name" && zl_wait_ready "$name"
+}
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
   case "$action:$kind" in
     fault:kill) zl_kill "$name" ;;
-    heal:kill) zl_start "$name" && zl_wait_ready "$name" ;;
+    heal:kill) zl_start_again "$name" ;;
     fault:restart)
       if [[ "$name" == nginx-frontend || "$name" == nginx-lastresort ]]; then
         # nginx is reloaded, as an upgrade of its config is: new workers, old ones finish.
@@ -99,7 +111,7 @@ zl_fault() {
         kill -HUP "$pid"
         zl_wait_ready "$name"
       else
-        zl_stop "$name" && zl_start "$name" && zl_wait_ready "$name"
+        zl_stop "$name" && zl_start_again "$name"
         # Behind nginx (primaries, lastresorts) a restarted server is back in rotation only
         # once nginx's fail_timeout has passed since its last failed try, which may have come
         # just before it was ready again: until then the next step of a rolling restart would
@@ -114,7 +126,7 @@ zl_fault() {
         fi
       fi
       ;;
-    heal:restart) zl_pid "$name" >/dev/null || { zl_start "$name" && zl_wait_ready "$name"; } ;;
+    heal:restart) zl_pid "$name" >/dev/null || zl_start_again "$name" ;;
     fault:hang)
       pid="$(zl_pid "$name")" || zl_die "$name is not running"
       kill -STOP -- "-$pid" 2>/dev/null || kill -STOP "$pid"
