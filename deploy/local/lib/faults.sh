@@ -87,16 +87,27 @@ zl_toxi() {
 #              restart, tests/lastresort.rs proves it), then the spool moved back to the real
 #              disk by a graceful restart (any stop of NAME does that move, `ctl down` too)
 # zl_start_again NAME: starts NAME while the rest of the topology serves and waits until it is
-# ready; a Kafka node of the clustered topology at ZL_ENGINE_RESTART_NICE until then (engines.sh).
+# ready; a Kafka node of the clustered topology at ZL_ENGINE_RESTART_NICE until then, for at most
+# ZL_ENGINE_RESTART_YIELD_S, then at the engine nice (engines.sh).
 zl_start_again() {
-  local name="$1" kind pid
+  local name="$1" kind pid started
   kind="$(zl_kind "$name")"
   if zl_cluster && [[ "$kind" == kafka_node || "$kind" == kafka_controller ]]; then
-    ZL_START_NICE="$ZL_ENGINE_RESTART_NICE" zl_start "$name" && zl_wait_ready "$name" || return 1
-    pid="$(zl_pid "$name")" && zl_engine_renice "$pid" "$ZL_ENGINE_NICE"
-    return 0
+    ZL_START_NICE="$ZL_ENGINE_RESTART_NICE" zl_start "$name" || return 1
+    started=$SECONDS
+    until zl_is_ready "$name" >/dev/null 2>&1 || ((SECONDS - started >= ZL_ENGINE_RESTART_YIELD_S)); do
+      zl_pid "$name" >/dev/null || break
+      sleep 0.2
+    done
+    if pid="$(zl_pid "$name")"; then
+      ((SECONDS - started >= ZL_ENGINE_RESTART_YIELD_S)) &&
+        zl_log "$name not ready after ${ZL_ENGINE_RESTART_YIELD_S}s at nice $ZL_ENGINE_RESTART_NICE; on at nice $ZL_ENGINE_NICE"
+      zl_engine_renice "$pid" "$ZL_ENGINE_NICE"
+    fi
+  else
+    zl_start "$name" || return 1
   fi
-  zl_start "$name" && zl_wait_ready "$name"
+  zl_wait_ready "$name"
 }
 zl_fault() {
   local action="$1" kind="$2" name="$3" pid
