@@ -27,7 +27,7 @@ pub struct Metrics {
     /// Kafka publish failures (the outbox keeps the event for a retry).
     pub publish_errors: IntCounter,
     pub links_rerouted: IntCounter,
-    /// Link-event producers replaced after consecutive failed publishes.
+    /// Link-event producers replaced (consecutive failed publishes, or stuck while Kafka answers).
     pub producer_resets: IntCounter,
     /// Outbox rows the sweeper found past the fast path's window in its last pass (0 on
     /// instances not holding the relay lease), and the oldest one's age.
@@ -102,7 +102,7 @@ impl Metrics {
         .expect("valid metric");
         let producer_resets = IntCounter::new(
             "producer_resets_total",
-            "Link-event Kafka producers replaced after consecutive failed publishes",
+            "Link-event Kafka producers replaced (consecutive failed publishes, or stuck while Kafka answers a fresh client)",
         )
         .expect("valid metric");
         let outbox_backlog = prometheus::IntGauge::new(

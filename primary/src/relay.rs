@@ -154,7 +154,12 @@ impl Relay {
                 k.message_timeout.as_millis().to_string(),
             )
             .set("linger.ms", "2");
-        let producer = HealingProducer::new(config, metrics.producer_resets.clone())?;
+        // A producer that keeps missing while Kafka answers a fresh client is replaced at once
+        // (librdkafka can stay stuck after a frozen broker thaws; see `HealingProducer`).
+        let probe =
+            zlink_clients::kafka::probe_config(&k.brokers, &format!("zlink-{instance}-probe"));
+        let producer = HealingProducer::new(config, metrics.producer_resets.clone())?
+            .with_probe(probe, &k.links_topic);
         Ok(Arc::new(Relay {
             producer,
             steer: zlink_clients::kafka::steer::Steer::new(&k.links_topic, SUSPECT_FOR),
@@ -198,13 +203,12 @@ impl Relay {
         let sent = match first {
             None => self.producer.send(record(None), QUEUE).await,
             Some(p) => {
-                match tokio::time::timeout(
-                    self.reroute_after,
-                    self.producer.send(record(Some(p)), QUEUE),
-                )
-                .await
+                match self
+                    .producer
+                    .send_within(record(Some(p)), QUEUE, self.reroute_after)
+                    .await
                 {
-                    Ok(Ok(d)) => Ok(d),
+                    Some(Ok(d)) => Ok(d),
                     // Not acknowledged in time (or refused): its leader is avoided for a while
                     // and the event goes to the next partition. The first copy may still land;
                     // the replicator applies a version once.
