@@ -179,11 +179,14 @@ zl_start() {
   esac
 }
 
+# Waits until a component is ready, for at most its kind's ZL_TIMEOUT_<kind> seconds (1 and a
+# log line when it is not, or when it exited), or for at most SECONDS when given: then running
+# out is a step of the caller's, not an error (2, no log line).
 zl_wait_ready() {
-  local name="$1" kind timeout pid
+  local name="$1" limit="${2:-}" kind timeout pid
   kind="$(zl_kind "$name")"
   timeout="ZL_TIMEOUT_$kind"
-  local deadline=$((SECONDS + ${!timeout}))
+  local deadline=$((SECONDS + ${limit:-${!timeout}}))
   until zl_is_ready "$name" >/dev/null 2>&1; do
     if ! pid="$(zl_pid "$name")"; then
       zl_log "$name exited while starting; last lines of $(zl_logfile "$name"):"
@@ -191,6 +194,7 @@ zl_wait_ready() {
       return 1
     fi
     if ((SECONDS >= deadline)); then
+      [[ -n "$limit" ]] && return 2
       zl_log "$name (pid $pid) not ready after ${!timeout}s; see $(zl_logfile "$name")"
       return 1
     fi

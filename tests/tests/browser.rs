@@ -57,6 +57,28 @@ async fn warm(url: &str) {
     assert!(found, "{url} answers 302 within {WAIT:?}");
 }
 
+/// Which tiers answered `/{slug}`, by the frontend's access log.
+fn tier_of(log: &[Value], slug: &str) -> Vec<String> {
+    log.iter()
+        .filter(|l| l["uri"] == format!("/{slug}"))
+        .map(|l| l["tier"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The frontend's access log once it has a line for `/{slug}` (nginx flushes it each second),
+/// or as it is after 10 s.
+async fn frontend_log_with(fe: &OwnNginx, slug: &str) -> Vec<Value> {
+    let mut log = Vec::new();
+    for _ in 0..50 {
+        log = fe.access_log("nginx-frontend.access.json", 1).await;
+        if !tier_of(&log, slug).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    log
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and_off() {
     let infra = Infra::from_env();
@@ -128,12 +150,6 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
     // runs beside this test) a warm read can still miss the primary's deadline, and then nginx
     // rightly sends the browser to rung 2 (seen once in three full runs, 2026-11-29). The
     // browser must land every time; a primary must have answered one of R1_TRIES fresh links.
-    let tier_of = |log: &[Value], slug: &str| -> Vec<String> {
-        log.iter()
-            .filter(|l| l["uri"] == format!("/{slug}"))
-            .map(|l| l["tier"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
     for (js, b) in &via_frontend {
         let mut seen = Vec::new();
         for rung in &r1 {
@@ -143,15 +159,7 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
             }
             let (short, url) = &links[&(rung.as_str(), *js)];
             lands(b, short, url, &dest, &format!("rung{rung}-{js}")).await;
-            // The frontend's log is flushed each second.
-            let mut tiers = Vec::new();
-            for _ in 0..50 {
-                tiers = tier_of(&fe.access_log("nginx-frontend.access.json", 1).await, &slug);
-                if !tiers.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            let tiers = tier_of(&frontend_log_with(&fe, &slug).await, &slug);
             let by_primary = tiers == ["primary"];
             seen.push((slug, tiers));
             if by_primary {
@@ -194,14 +202,7 @@ async fn a_browser_lands_on_the_destination_on_every_rung_with_javascript_on_and
     }
 
     // Which tier answered each browser request, from the two nginx logs (flushed each second).
-    let mut fe_log = Vec::new();
-    for _ in 0..50 {
-        fe_log = fe.access_log("nginx-frontend.access.json", 6).await;
-        if !tier_of(&fe_log, "browser-r3-nojs").is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let fe_log = frontend_log_with(&fe, "browser-r3-nojs").await;
     for js in ["js", "nojs"] {
         assert_eq!(
             tier_of(&fe_log, &format!("browser-r2-{js}")),

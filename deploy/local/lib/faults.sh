@@ -90,20 +90,14 @@ zl_toxi() {
 # ready; a Kafka node of the clustered topology at ZL_ENGINE_RESTART_NICE until then, for at most
 # ZL_ENGINE_RESTART_YIELD_S, then at the engine nice (engines.sh).
 zl_start_again() {
-  local name="$1" kind pid started
+  local name="$1" kind pid rc=0
   kind="$(zl_kind "$name")"
   if zl_cluster && [[ "$kind" == kafka_node || "$kind" == kafka_controller ]]; then
     ZL_START_NICE="$ZL_ENGINE_RESTART_NICE" zl_start "$name" || return 1
-    started=$SECONDS
-    until zl_is_ready "$name" >/dev/null 2>&1 || ((SECONDS - started >= ZL_ENGINE_RESTART_YIELD_S)); do
-      zl_pid "$name" >/dev/null || break
-      sleep 0.2
-    done
-    if pid="$(zl_pid "$name")"; then
-      ((SECONDS - started >= ZL_ENGINE_RESTART_YIELD_S)) &&
-        zl_log "$name not ready after ${ZL_ENGINE_RESTART_YIELD_S}s at nice $ZL_ENGINE_RESTART_NICE; on at nice $ZL_ENGINE_NICE"
-      zl_engine_renice "$pid" "$ZL_ENGINE_NICE"
-    fi
+    zl_wait_ready "$name" "$ZL_ENGINE_RESTART_YIELD_S" || rc=$?
+    ((rc == 1)) && return 1
+    ((rc == 2)) && zl_log "$name not ready after ${ZL_ENGINE_RESTART_YIELD_S}s at nice $ZL_ENGINE_RESTART_NICE; on at nice $ZL_ENGINE_NICE"
+    pid="$(zl_pid "$name")" && zl_engine_renice "$pid" "$ZL_ENGINE_NICE"
   else
     zl_start "$name" || return 1
   fi
