@@ -55,7 +55,7 @@ pub struct HealingProducer<P: Send + 'static = ZProducer> {
     resets: IntCounter,
     interval: Duration,
     /// A fresh client's settings and the topic it asks for ([`Self::with_probe`]).
-    probe: Option<Arc<(ClientConfig, String)>>,
+    probe: Option<(ClientConfig, String)>,
 }
 
 struct Health {
@@ -144,12 +144,10 @@ impl HealingProducer {
     /// Asks a fresh client whether Kafka answers, if [`Self::wants_probe`]; true if that
     /// replaced `used`.
     async fn probe_stuck(&self, used: &SharedProducer) -> bool {
-        let Some(probe) = self.probe.clone().filter(|_| self.wants_probe(used)) else {
+        let Some((config, topic)) = self.probe.clone().filter(|_| self.wants_probe(used)) else {
             return false;
         };
-        let answered = tokio::task::spawn_blocking(move || super::answers(&probe.0, &probe.1))
-            .await
-            .unwrap_or(false);
+        let answered = super::answers_off_runtime(config, topic).await;
         tracing::info!(
             answered,
             client_id = self.config.get("client.id").unwrap_or(""),
@@ -188,7 +186,7 @@ impl<P: Send + 'static> HealingProducer<P> {
     /// and TLS settings of the producer: [`super::probe_config`]) for `topic`'s metadata, and
     /// be replaced at once if Kafka answers that client (see the type's documentation).
     pub fn with_probe(mut self, config: ClientConfig, topic: &str) -> Self {
-        self.probe = Some(Arc::new((config, topic.to_string())));
+        self.probe = Some((config, topic.to_string()));
         self
     }
 

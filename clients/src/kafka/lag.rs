@@ -153,6 +153,14 @@ pub fn answers(config: &rdkafka::ClientConfig, topic: &str) -> bool {
     }
 }
 
+/// [`answers`] on a blocking thread, for the async callers (a consumer's stall watch, a
+/// producer's): false also when that thread failed.
+pub async fn answers_off_runtime(config: rdkafka::ClientConfig, topic: String) -> bool {
+    tokio::task::spawn_blocking(move || answers(&config, &topic))
+        .await
+        .unwrap_or(false)
+}
+
 /// Messages behind the high watermark, per partition assigned to `consumer` (those Kafka
 /// answered for within [`LOOK_BUDGET`]). Blocking (it asks the broker): call it from
 /// `spawn_blocking`.

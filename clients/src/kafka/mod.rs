@@ -17,7 +17,7 @@ pub mod steer;
 
 pub use handle::{ClosesElsewhere, ClosingConsumer};
 pub use healing::{HealingProducer, SharedProducer, RESET_AFTER_FAILURES, RESET_INTERVAL};
-pub use lag::{answers, backlog, consumer_lag, Backlog};
+pub use lag::{answers, answers_off_runtime, backlog, consumer_lag, Backlog};
 pub use logs::{Quiet, REPEAT_WINDOW};
 pub use replaceable::Replaceable;
 pub use stall::{

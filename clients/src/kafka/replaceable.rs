@@ -94,10 +94,7 @@ impl Replaceable {
         let now = Instant::now();
         let probe = match &self.probe {
             Some(config) if stall.wants_probe(now, received, busy, &backlog) => {
-                let (config, t) = (config.clone(), topic.to_owned());
-                let answered = tokio::task::spawn_blocking(move || super::answers(&config, &t))
-                    .await
-                    .unwrap_or(false);
+                let answered = super::answers_off_runtime(config.clone(), topic.to_owned()).await;
                 tracing::info!(
                     topic,
                     answered,
