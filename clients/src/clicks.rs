@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier, CLICK_EVENT_SCHEMA};
+use zlink_wire::events::{ClickEvent, Tier, CLICK_EVENT_SCHEMA};
 
 const MAX_REFERRER: usize = 1024;
 const MAX_USER_AGENT: usize = 512;
@@ -333,6 +333,7 @@ pub fn event(
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok());
     let (country, city) = geo.locate(origin.client);
+    let (agent, device) = zlink_wire::events::classify(user_agent);
     ClickEvent {
         schema: CLICK_EVENT_SCHEMA,
         id: origin.id,
@@ -340,8 +341,8 @@ pub fn event(
         at_ms: origin.at_ms,
         tier,
         referrer: header_text(headers, header::REFERER, MAX_REFERRER),
-        agent: AgentClass::of(user_agent),
-        device: Device::of(user_agent),
+        agent,
+        device,
         user_agent: header_text(headers, header::USER_AGENT, MAX_USER_AGENT),
         ip_hash: ip_hash(salt, origin.client),
         country,
@@ -358,19 +359,28 @@ const FRAME_V2: u8 = 0xFE;
 /// and the backlog's age without parsing the event. (Older records: `[slug length][slug]
 /// [event JSON]`.)
 pub fn frame(ev: &ClickEvent, trace: Option<&TraceContext>) -> Vec<u8> {
-    // A plain struct of strings and numbers: serialisation cannot fail.
-    let json = serde_json::to_vec(ev).unwrap_or_default();
+    let mut out = Vec::with_capacity(512);
+    frame_into(&mut out, ev, trace);
+    out
+}
+
+/// [`frame`] appended to `out` (a redirect's click reuses one buffer: no allocation per click).
+pub fn frame_into(out: &mut Vec<u8>, ev: &ClickEvent, trace: Option<&TraceContext>) {
     let key = &ev.key.as_bytes()[..ev.key.len().min(255)];
     let tp = trace.map(TraceContext::header).unwrap_or_default();
-    let mut out = Vec::with_capacity(12 + tp.len() + key.len() + json.len());
+    out.reserve(12 + tp.len() + key.len() + 256);
     out.push(FRAME_V2);
     out.extend_from_slice(&ev.at_ms.to_be_bytes());
     out.push(tp.len() as u8);
     out.extend_from_slice(tp.as_bytes());
     out.push(key.len() as u8);
     out.extend_from_slice(key);
-    out.extend_from_slice(&json);
-    out
+    let json_at = out.len();
+    // A plain struct of strings and numbers into a Vec: serialisation cannot fail; were it
+    // to, the record keeps an empty event, as it always did, never half of one.
+    if serde_json::to_writer(&mut *out, ev).is_err() {
+        out.truncate(json_at);
+    }
 }
 
 /// A spool record's parts (see [`frame`]).

@@ -475,7 +475,7 @@ impl RequestTrace {
         let slug = slug.filter(|s| zlink_wire::slug::is_valid_slug(s));
         let code = status.as_u16();
         self.span.set("status_code", code);
-        if let Some(s) = slug {
+        if let Some(s) = slug.filter(|_| self.span.is_recording()) {
             self.span.set("slug", s.to_string());
         }
         if let Some(l) = layer {

@@ -241,7 +241,15 @@ impl Clicks {
     /// the message's `traceparent`): a header on every click message cost more per redirect
     /// than everything else tracing does, and nothing downstream logs unsampled clicks.
     pub fn spool_event(&self, ev: &ClickEvent, trace: Option<&TraceContext>) -> bool {
-        let r = self.spool.append(&frame(ev, trace.filter(|t| t.sampled)));
+        thread_local! {
+            /// The record being framed (one per thread; a record is at most a few KiB).
+            static RECORD: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
+        }
+        let r = RECORD.with_borrow_mut(|rec| {
+            rec.clear();
+            frame_into(rec, ev, trace.filter(|t| t.sampled));
+            self.spool.append(rec)
+        });
         self.count(r)
     }
 

@@ -46,10 +46,18 @@ pub fn encode(payload: &[u8]) -> Vec<u8> {
 }
 
 pub(super) fn encode_into(out: &mut Vec<u8>, payload: &[u8]) {
+    let at = out.len();
+    out.resize(at + HEADER + payload.len(), 0);
+    encode_to(&mut out[at..], payload);
+}
+
+/// Encodes one record into `dst`, exactly its size (`HEADER + payload.len()`).
+pub(super) fn encode_to(dst: &mut [u8], payload: &[u8]) {
     let len = payload.len() as u32;
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc(len, payload).to_le_bytes());
-    out.extend_from_slice(payload);
+    let (header, body) = dst.split_at_mut(HEADER);
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    header[4..].copy_from_slice(&crc(len, payload).to_le_bytes());
+    body.copy_from_slice(payload);
 }
 
 /// Decodes the record at the start of `buf`: `Ok(Some((payload, size)))`, `Ok(None)` when

@@ -321,9 +321,64 @@ impl Spool {
 
     /// Appends one record. Returns once it is in the file (fsync follows in the background).
     pub fn append(&self, payload: &[u8]) -> Result<(), AppendError> {
+        if self.append_in_place(payload) {
+            return Ok(());
+        }
         self.append_batch(&[payload])
             .pop()
             .expect("one result per record")
+    }
+
+    /// The common case of [`Spool::append`]: a mapped segment with room, the record encoded
+    /// straight into it under the lock (no buffer, no result vectors: a redirect's click
+    /// appends one record). `false`: nothing was done; anything else (a refusal, a rotation,
+    /// a segment written with `write(2)`) is the general path's, which counts it.
+    fn append_in_place(&self, payload: &[u8]) -> bool {
+        let s = &self.shared;
+        if payload.is_empty() || payload.len() > MAX_RECORD {
+            return false;
+        }
+        let size = HEADER + payload.len();
+        let mut a = s.lock();
+        let fits = !a.closed
+            && s.disk_bytes.load(Ordering::Relaxed) + size as u64 <= s.cfg.max_bytes
+            && a.len + size as u64 <= s.cfg.segment_bytes;
+        let at = a.len as usize;
+        let Some(dst) = a
+            .map
+            .as_mut()
+            .filter(|_| fits)
+            .and_then(|map| map.get_mut(at..at + size))
+        else {
+            return false;
+        };
+        format::encode_to(dst, payload);
+        self.appended(&mut a, size as u64, 1);
+        let flush_now = a.unsynced >= s.cfg.fsync_records;
+        drop(a);
+        self.wake(flush_now, true);
+        true
+    }
+
+    /// Accounts for `n` records of `bytes` just written at the end of the active segment.
+    fn appended(&self, a: &mut Active, bytes: u64, n: usize) {
+        let s = &self.shared;
+        a.len += bytes;
+        a.unsynced += n;
+        a.first_unsynced.get_or_insert_with(Instant::now);
+        s.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
+        s.pending.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// After an append, with the lock released: the flusher if enough records wait for their
+    /// fsync, the reader if anything was written.
+    fn wake(&self, flush_now: bool, wrote: bool) {
+        if flush_now {
+            self.shared.flush.notify_one();
+        }
+        if wrote {
+            self.shared.data.notify_one();
+        }
     }
 
     /// Appends records in order with one `write(2)` per segment touched; one result per
@@ -367,12 +422,7 @@ impl Spool {
         let wrote = self.write_out(&mut a, &mut out);
         let flush_now = a.unsynced >= s.cfg.fsync_records;
         drop(a);
-        if flush_now {
-            s.flush.notify_one();
-        }
-        if wrote {
-            s.data.notify_one();
-        }
+        self.wake(flush_now, wrote);
         out.results
     }
 
@@ -404,11 +454,7 @@ impl Spool {
         out.buf.clear();
         match written {
             Ok(()) => {
-                a.len += bytes;
-                a.unsynced += n;
-                a.first_unsynced.get_or_insert_with(Instant::now);
-                s.disk_bytes.fetch_add(bytes, Ordering::Relaxed);
-                s.pending.fetch_add(n as u64, Ordering::Relaxed);
+                self.appended(a, bytes, n);
                 out.waiting.clear();
                 true
             }
