@@ -5,16 +5,11 @@ use crate::error::{ApiError, Resp};
 use crate::{api, bulk, domains, hosts, keys, listing, ops, qr, redirect, stats};
 use http::{Method, Request};
 use hyper::body::Incoming;
-use hyper_util::service::TowerToHyperService;
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tower::{Service, ServiceBuilder};
 use zlink_clients::trace;
 use zlink_redirect::pipeline::traced;
 use zlink_redirect::Peer;
@@ -157,21 +152,9 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     traced(t, redirect, slug.as_deref(), route_request(state, req)).await
 }
 
-/// Redirects (the hot path) are answered inline; every other route runs boxed, so the
-/// redirect's future stays small: the API handlers' futures are kilobytes, and a request's
-/// future is moved several times (into the deadline, the trace scope, the middleware's box).
+/// Every route but a redirect's `GET|HEAD` ([`handle`] answers those itself; a redirect path
+/// with another method gets its 405 here).
 async fn route_request(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
-    if let Route::Redirect(slug) = Route::parse(req.uri().path()) {
-        if matches!(*req.method(), Method::GET | Method::HEAD) {
-            let mut resp = redirect::redirect(&state, &req, slug).await;
-            resp.extensions_mut().insert(RouteLabel("redirect"));
-            return resp;
-        }
-    }
-    Box::pin(other_route(state, req)).await
-}
-
-async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     let route = Route::parse(&path);
     let method = req.method().clone();
@@ -227,68 +210,49 @@ async fn other_route(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
     resp
 }
 
-/// Middleware: the request deadline (past it: 503 JSON, so nginx can fail over) and the
-/// per-route request counter. It sits outermost so that it also counts timed-out requests.
-#[derive(Clone)]
-pub struct ObserveLayer {
-    state: Arc<AppState>,
-    deadline: Duration,
-}
-
-impl<S> tower::Layer<S> for ObserveLayer {
-    type Service = Observe<S>;
-    fn layer(&self, inner: S) -> Observe<S> {
-        Observe {
-            inner,
-            state: self.state.clone(),
-            deadline: self.deadline,
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct Observe<S> {
-    inner: S,
-    state: Arc<AppState>,
-    deadline: Duration,
-}
-
-impl<S, B> Service<Request<B>> for Observe<S>
-where
-    S: Service<Request<B>, Response = Resp, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = Resp;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Resp, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let fut = self.inner.call(req);
-        let (state, deadline) = (self.state.clone(), self.deadline);
-        Box::pin(async move {
-            let resp = match tokio::time::timeout(deadline, fut).await {
-                Ok(Ok(resp)) => resp,
-                Err(_) => {
-                    let mut r = ApiError::Timeout.into_response();
-                    r.extensions_mut().insert(RouteLabel("timeout"));
-                    r
-                }
-            };
-            let route = resp
-                .extensions()
-                .get::<RouteLabel>()
-                .map_or("unknown", |r| r.0);
+/// Every request: a redirect (`GET|HEAD /{slug}`, the hot path) runs inline under its own
+/// deadline (`--redirect-timeout-ms`, at most the request timeout, so it needs no second
+/// timer); every other route runs boxed under the request deadline (past it: 503 JSON, so
+/// nginx can fail over). Then the per-route request counter, timed-out requests included.
+async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
+    if matches!(*req.method(), Method::GET | Method::HEAD) {
+        if let Route::Redirect(slug) = Route::parse(req.uri().path()) {
+            let resp = redirect_traced(&state, &req, slug).await;
             state
                 .metrics
                 .requests_hot
-                .inc(&[route, resp.status().as_str()]);
-            Ok(resp)
-        })
+                .inc(&["redirect", resp.status().as_str()]);
+            return resp;
+        }
     }
+    let deadline = state.settings.request_timeout;
+    let resp = match tokio::time::timeout(deadline, Box::pin(dispatch(state.clone(), req))).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            let mut r = ApiError::Timeout.into_response();
+            r.extensions_mut().insert(RouteLabel("timeout"));
+            r
+        }
+    };
+    let route = resp
+        .extensions()
+        .get::<RouteLabel>()
+        .map_or("unknown", |r| r.0);
+    state
+        .metrics
+        .requests_hot
+        .inc(&[route, resp.status().as_str()]);
+    resp
+}
+
+/// A redirect in its trace (see [`dispatch`]), the request borrowed: no copy of the slug.
+async fn redirect_traced(state: &AppState, req: &Request<Incoming>, slug: &str) -> Resp {
+    if !trace::enabled() {
+        return redirect::redirect(state, req, slug).await;
+    }
+    let trusted = state.settings.trusted_proxies.contains(Peer::ip_of(req));
+    let t = trace::RequestTrace::start("redirect.handle", "redirect", trusted, req.headers());
+    traced(t, true, Some(slug), redirect::redirect(state, req, slug)).await
 }
 
 /// Serves until `shutdown` is cancelled, at most `max_connections` connections at once, then
@@ -309,16 +273,10 @@ pub async fn serve(
     };
     zlink_redirect::serve::serve(listener, shutdown, grace, conns, || {
         let app = state.clone();
-        let svc = ServiceBuilder::new()
-            .layer(ObserveLayer {
-                state: state.clone(),
-                deadline: state.settings.request_timeout,
-            })
-            .service_fn(move |req: Request<Incoming>| {
-                let app = app.clone();
-                async move { Ok::<_, Infallible>(dispatch(app, req).await) }
-            });
-        TowerToHyperService::new(svc)
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(handle(app, req).await) }
+        })
     })
     .await;
 }
