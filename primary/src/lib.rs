@@ -2,7 +2,7 @@
 //!
 //! - [`config`]: typed flags/env config, validated at start; secrets never print.
 //! - [`app`]: the state every handler shares, built once.
-//! - [`http`]: route table, middleware (deadline + request metrics), accept loop, graceful drain.
+//! - [`http`]: route table, request deadlines and metrics, accept loop, graceful drain.
 //! - [`redirect`]: `GET|HEAD /{slug}`, the hot path, and click-event construction.
 //! - [`api`]: `POST /api/v1/links`, `GET|PATCH /api/v1/links/{slug}`.
 //! - [`body`]: request bodies (JSON, size cap) and the `Idempotency-Key` header.
