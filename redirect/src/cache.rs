@@ -8,6 +8,7 @@
 //! source per instance however many requests race for it.
 
 use crate::decide::Answer;
+use crate::front::{Front, Stamped};
 use crate::hot::HotCounters;
 use crate::layer;
 use moka::future::Cache;
@@ -128,8 +129,36 @@ fn by_kind<V: Answer>(bytes: u64, ttls: TtlByKind) -> Cache<String, V> {
 }
 
 pub struct LocalCache<V: Answer> {
-    cache: Cache<String, V>,
+    cache: Cache<String, Stamped<V>>,
+    ttls: TtlByKind,
+    front: Front,
     metrics: CacheMetrics,
+}
+
+/// moka's expiry of a [`Stamped`] value: the instant it carries (see [`crate::front`]).
+struct AtStamp;
+
+impl<V> Expiry<String, Stamped<V>> for AtStamp {
+    fn expire_after_create(
+        &self,
+        _: &String,
+        v: &Stamped<V>,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(v.until.saturating_duration_since(created_at))
+    }
+}
+
+impl TtlByKind {
+    fn of<V: Answer>(&self, v: &V) -> Duration {
+        if v.is_missing() {
+            self.missing
+        } else if v.is_short_lived() {
+            self.short
+        } else {
+            self.found
+        }
+    }
 }
 
 impl<V: Answer> LocalCache<V> {
@@ -139,10 +168,7 @@ impl<V: Answer> LocalCache<V> {
         missing_ttl: Duration,
         metrics: CacheMetrics,
     ) -> Self {
-        LocalCache {
-            cache: answers(bytes, found_ttl, Some(missing_ttl)),
-            metrics,
-        }
+        Self::with_short_ttl(bytes, found_ttl, found_ttl, missing_ttl, metrics)
     }
 
     /// Like [`Self::new`], with `short_ttl` for answers that are
@@ -155,24 +181,35 @@ impl<V: Answer> LocalCache<V> {
         metrics: CacheMetrics,
     ) -> Self {
         LocalCache {
-            cache: by_kind(
-                bytes,
-                TtlByKind {
-                    found: found_ttl,
-                    short: short_ttl,
-                    missing: missing_ttl,
-                },
-            ),
+            cache: Cache::builder()
+                .max_capacity(bytes)
+                .weigher(|k: &String, v: &Stamped<V>| v.value.weight(k))
+                .expire_after(AtStamp)
+                .build(),
+            ttls: TtlByKind {
+                found: found_ttl,
+                short: short_ttl,
+                missing: missing_ttl,
+            },
+            front: Front::new(),
             metrics,
         }
     }
 
     /// The key's answer if this cache holds it (counted as answered by the local layer); no
-    /// loader is built, nothing is loaded.
+    /// loader is built, nothing is loaded. This thread's front ([`crate::front`]) answers
+    /// first; moka's answer is kept there.
     pub async fn cached(&self, slug: &str) -> Option<V> {
-        let v = self.cache.get(slug).await?;
+        let now = Instant::now();
+        if let Some(v) = self.front.get::<V>(slug, now) {
+            self.metrics.answered(layer::LOCAL);
+            return Some(v);
+        }
+        let seen = self.front.seen(slug);
+        let s = self.cache.get(slug).await?;
+        self.front.fill(slug, seen, &s, now);
         self.metrics.answered(layer::LOCAL);
-        Some(v)
+        Some(s.value)
     }
 
     /// The cached answer, else the answer of `load()` (shared with every concurrent caller
@@ -196,22 +233,33 @@ impl<V: Answer> LocalCache<V> {
         if let Some(v) = self.cached(slug).await {
             return Ok((v, layer::LOCAL));
         }
-        let entry = Box::pin(self.cache.entry_by_ref(slug).or_try_insert_with(load())).await?;
+        let fut = load();
+        let ttls = &self.ttls;
+        let stamped = async move {
+            let value = fut.await?;
+            // Stamped when the load ends, just before moka inserts it: moka's expiry (from
+            // its insertion) is then this instant.
+            let until = Instant::now() + ttls.of(&value);
+            Ok(Stamped { value, until })
+        };
+        let entry = Box::pin(self.cache.entry_by_ref(slug).or_try_insert_with(stamped)).await?;
         if !entry.is_fresh() {
             // Someone else loaded it between our read and our entry.
             self.metrics.answered(layer::LOCAL);
         }
-        Ok((entry.into_value(), cell.get()))
+        Ok((entry.into_value().value, cell.get()))
     }
 
-    /// Forgets a slug in this instance.
+    /// Forgets a slug in this instance (every thread's front included).
     pub async fn invalidate(&self, slug: &str) {
         self.cache.invalidate(slug).await;
+        self.front.forgot(slug);
     }
 
     /// Forgets everything in this instance.
     pub fn invalidate_all(&self) {
         self.cache.invalidate_all();
+        self.front.forgot_all();
     }
 }
 
@@ -314,5 +362,130 @@ impl Memcached {
             .fill_json_in_background(self.key(slug), v, self.ttl_s, move |e| {
                 metrics.memcached_failed(e)
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Outcome;
+    use prometheus::Opts;
+
+    fn local(found: Duration, missing: Duration) -> LocalCache<Outcome> {
+        let lookups = IntCounterVec::new(Opts::new("l", "l"), &["layer"]).unwrap();
+        let errors = IntCounterVec::new(Opts::new("e", "e"), &["kind"]).unwrap();
+        LocalCache::new(1 << 20, found, missing, CacheMetrics::new(lookups, errors))
+    }
+
+    fn found(url: &str) -> Outcome {
+        Outcome::Found(Arc::new(crate::Target {
+            url: url.into(),
+            code: 302,
+            exp: None,
+        }))
+    }
+
+    fn url_of(o: Option<Outcome>) -> Option<String> {
+        match o? {
+            Outcome::Found(t) => Some(t.url.clone()),
+            Outcome::Gone => Some("gone".into()),
+            Outcome::Missing => Some("missing".into()),
+        }
+    }
+
+    async fn load(c: &LocalCache<Outcome>, key: &str, v: Outcome) -> &'static str {
+        let cell = LayerCell::default();
+        let (_, layer) = c
+            .get_or_load(key, &cell, || async {
+                cell.set(layer::STORE);
+                Ok::<_, ()>(v)
+            })
+            .await
+            .unwrap();
+        layer
+    }
+
+    /// The front (read twice: moka's answer is kept there) answers exactly what the cache
+    /// holds: a forgotten key is gone at once on this thread and on another, and nothing
+    /// outlives its TTL (found or missing).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hits_end_with_an_invalidation_or_the_ttl() {
+        let c = Arc::new(local(
+            Duration::from_millis(300),
+            Duration::from_millis(100),
+        ));
+        assert_eq!(
+            load(&c, "a", found("https://a.example/")).await,
+            layer::STORE
+        );
+        for _ in 0..3 {
+            assert_eq!(
+                url_of(c.cached("a").await).as_deref(),
+                Some("https://a.example/")
+            );
+        }
+        let c2 = c.clone();
+        let elsewhere = tokio::spawn(async move { url_of(c2.cached("a").await) });
+        assert_eq!(
+            elsewhere.await.unwrap().as_deref(),
+            Some("https://a.example/")
+        );
+
+        c.invalidate("a").await;
+        assert_eq!(
+            url_of(c.cached("a").await),
+            None,
+            "forgotten on this thread"
+        );
+        let c2 = c.clone();
+        assert_eq!(
+            tokio::spawn(async move { url_of(c2.cached("a").await) })
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            load(&c, "a", found("https://b.example/")).await,
+            layer::STORE
+        );
+        assert_eq!(
+            url_of(c.cached("a").await).as_deref(),
+            Some("https://b.example/")
+        );
+        assert_eq!(
+            url_of(c.cached("a").await).as_deref(),
+            Some("https://b.example/")
+        );
+
+        assert_eq!(load(&c, "m", Outcome::Missing).await, layer::STORE);
+        assert_eq!(url_of(c.cached("m").await).as_deref(), Some("missing"));
+        assert_eq!(url_of(c.cached("m").await).as_deref(), Some("missing"));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(
+            url_of(c.cached("m").await),
+            None,
+            "missing lives its shorter TTL"
+        );
+        assert_eq!(
+            url_of(c.cached("a").await).as_deref(),
+            Some("https://b.example/")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            url_of(c.cached("a").await),
+            None,
+            "found lives its TTL, not longer"
+        );
+
+        assert_eq!(
+            load(&c, "x", found("https://x.example/")).await,
+            layer::STORE
+        );
+        assert_eq!(
+            url_of(c.cached("x").await).as_deref(),
+            Some("https://x.example/")
+        );
+        c.invalidate_all();
+        assert_eq!(url_of(c.cached("x").await), None);
     }
 }

@@ -10,6 +10,8 @@
 //!   through the cache layers → decide → respond → emit the click.
 //! - [`cache`]: the in-process cache with coalesced loads and the memcached layer (untrusted
 //!   values validated, fills in the background), and the lookup metrics they count.
+//! - [`front`]: each runtime thread's table in front of the in-process cache (a hot hit reads
+//!   no shared structure), invalidated with it.
 //! - [`decide`]: the pure decision (what a lookup found + now → redirect, 404, 410 or 500).
 //! - [`error`]: [`Reject`], the errors a redirect can end in, and the one JSON error renderer
 //!   every response of either tier goes through (primary's API errors included).
@@ -19,6 +21,7 @@
 pub mod cache;
 pub mod decide;
 pub mod error;
+pub mod front;
 pub mod hot;
 pub mod pipeline;
 pub mod serve;
