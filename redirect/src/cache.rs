@@ -88,13 +88,7 @@ struct TtlByKind {
 
 impl<V: Answer> Expiry<String, V> for TtlByKind {
     fn expire_after_create(&self, _: &String, v: &V, _: Instant) -> Option<Duration> {
-        Some(if v.is_missing() {
-            self.missing
-        } else if v.is_short_lived() {
-            self.short
-        } else {
-            self.found
-        })
+        Some(self.of(v))
     }
 }
 
@@ -201,11 +195,11 @@ impl<V: Answer> LocalCache<V> {
     /// first; moka's answer is kept there.
     pub async fn cached(&self, slug: &str) -> Option<V> {
         let now = Instant::now();
-        if let Some(v) = self.front.get::<V>(slug, now) {
+        let seen = self.front.seen(slug);
+        if let Some(v) = self.front.get::<V>(slug, seen, now) {
             self.metrics.answered(layer::LOCAL);
             return Some(v);
         }
-        let seen = self.front.seen(slug);
         let s = self.cache.get(slug).await?;
         self.front.fill(slug, seen, &s, now);
         self.metrics.answered(layer::LOCAL);

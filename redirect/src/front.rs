@@ -123,9 +123,9 @@ impl Front {
         }
     }
 
-    /// This thread's answer for `key`, if it holds one still valid at `now`.
-    pub fn get<V: Clone + 'static>(&self, key: &str, now: Instant) -> Option<V> {
-        let seen = self.seen(key);
+    /// This thread's answer for `key`, if it holds one still valid at `now` under the
+    /// generations `seen` (read once per lookup: the same [`Seen`] tags a fill after a miss).
+    pub fn get<V: Clone + 'static>(&self, key: &str, seen: Seen, now: Instant) -> Option<V> {
         TABLES.with_borrow(|tables| {
             let table = tables.get(self.id)?.as_ref()?.downcast_ref::<Table<V>>()?;
             let set = seen.hash as usize & (SLOTS - 2);
@@ -234,19 +234,29 @@ mod tests {
     fn a_fill_answers_on_its_thread_until_it_expires() {
         let f = Front::new();
         let now = Instant::now();
-        assert_eq!(f.get::<u32>("abc", now), None);
+        assert_eq!(f.get::<u32>("abc", f.seen("abc"), now), None);
         let seen = f.seen("abc");
         f.fill("abc", seen, &stamped(7, Duration::from_millis(500)), now);
-        assert_eq!(f.get::<u32>("abc", now), Some(7));
-        assert_eq!(f.get::<u32>("abd", now), None, "another key");
+        assert_eq!(f.get::<u32>("abc", f.seen("abc"), now), Some(7));
+        assert_eq!(f.get::<u32>("abd", f.seen("abd"), now), None, "another key");
         // Not past the value's own expiry, and not past FRONT_TTL.
-        assert_eq!(f.get::<u32>("abc", now + Duration::from_millis(600)), None);
+        assert_eq!(
+            f.get::<u32>("abc", f.seen("abc"), now + Duration::from_millis(600)),
+            None
+        );
         let seen = f.seen("long");
         f.fill("long", seen, &stamped(8, Duration::from_secs(60)), now);
-        assert_eq!(f.get::<u32>("long", now + FRONT_TTL / 2), Some(8));
-        assert_eq!(f.get::<u32>("long", now + FRONT_TTL), None);
+        assert_eq!(
+            f.get::<u32>("long", f.seen("long"), now + FRONT_TTL / 2),
+            Some(8)
+        );
+        assert_eq!(f.get::<u32>("long", f.seen("long"), now + FRONT_TTL), None);
         // Another thread has its own table.
-        let other = std::thread::scope(|s| s.spawn(|| f.get::<u32>("abc", now)).join().unwrap());
+        let other = std::thread::scope(|s| {
+            s.spawn(|| f.get::<u32>("abc", f.seen("abc"), now))
+                .join()
+                .unwrap()
+        });
         assert_eq!(other, None);
     }
 
@@ -259,10 +269,10 @@ mod tests {
             f.fill(k, seen, &stamped(1, Duration::from_secs(5)), now);
         }
         f.forgot("a");
-        assert_eq!(f.get::<u32>("a", now), None);
-        assert_eq!(f.get::<u32>("b", now), Some(1));
+        assert_eq!(f.get::<u32>("a", f.seen("a"), now), None);
+        assert_eq!(f.get::<u32>("b", f.seen("b"), now), Some(1));
         f.forgot_all();
-        assert_eq!(f.get::<u32>("b", now), None);
+        assert_eq!(f.get::<u32>("b", f.seen("b"), now), None);
     }
 
     #[test]
@@ -274,11 +284,11 @@ mod tests {
         let seen = f.seen("k");
         f.forgot("k");
         f.fill("k", seen, &stamped(1, Duration::from_secs(5)), now);
-        assert_eq!(f.get::<u32>("k", now), None);
+        assert_eq!(f.get::<u32>("k", f.seen("k"), now), None);
         let seen = f.seen("k");
         f.forgot_all();
         f.fill("k", seen, &stamped(1, Duration::from_secs(5)), now);
-        assert_eq!(f.get::<u32>("k", now), None);
+        assert_eq!(f.get::<u32>("k", f.seen("k"), now), None);
     }
 
     #[test]
@@ -287,7 +297,7 @@ mod tests {
         let now = Instant::now();
         let seen = f.seen("k");
         f.fill("k", seen, &stamped(1, Duration::from_secs(5)), now);
-        assert_eq!(g.get::<u32>("k", now), None);
+        assert_eq!(g.get::<u32>("k", g.seen("k"), now), None);
         // Every key of a full table's worth and more: each read is its own key's or none.
         let keys: Vec<String> = (0..3 * SLOTS).map(|i| format!("s{i}")).collect();
         for (i, k) in keys.iter().enumerate() {
@@ -296,7 +306,7 @@ mod tests {
         }
         let mut hits = 0;
         for (i, k) in keys.iter().enumerate() {
-            if let Some(v) = f.get::<u32>(k, now) {
+            if let Some(v) = f.get::<u32>(k, f.seen(k), now) {
                 assert_eq!(v, i as u32, "{k}");
                 hits += 1;
             }
@@ -318,8 +328,8 @@ mod tests {
             let seen = f.seen(k);
             f.fill(k, seen, &stamped(i as u32, Duration::from_secs(5)), now);
         }
-        assert_eq!(f.get::<u32>(&a, now), Some(0));
-        assert_eq!(f.get::<u32>(&b, now), Some(1));
+        assert_eq!(f.get::<u32>(&a, f.seen(&a), now), Some(0));
+        assert_eq!(f.get::<u32>(&b, f.seen(&b), now), Some(1));
         // A third key of the set takes the slot that runs out first.
         let c = (1..)
             .map(|i| format!("c{i}"))
@@ -327,8 +337,8 @@ mod tests {
             .unwrap();
         let seen = f.seen(&c);
         f.fill(&c, seen, &stamped(2, Duration::from_secs(5)), now);
-        assert_eq!(f.get::<u32>(&c, now), Some(2));
-        assert_eq!(f.get::<u32>(&a, now), None, "a ran out first");
-        assert_eq!(f.get::<u32>(&b, now), Some(1));
+        assert_eq!(f.get::<u32>(&c, f.seen(&c), now), Some(2));
+        assert_eq!(f.get::<u32>(&a, f.seen(&a), now), None, "a ran out first");
+        assert_eq!(f.get::<u32>(&b, f.seen(&b), now), Some(1));
     }
 }
