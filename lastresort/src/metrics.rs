@@ -2,8 +2,8 @@
 //! `/stats` aggregates (this tier assumes no metrics system is alive).
 
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+
+pub mod redirects;
 
 pub struct Metrics {
     registry: Registry,
@@ -34,9 +34,9 @@ pub struct Metrics {
     pub clicks: zlink_clients::clicks::ClickMetrics,
     /// Circuit breakers (S3, memcached): state, transitions, calls refused, timeouts.
     pub breakers: zlink_clients::breaker::BreakerMetrics,
-    /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs).
-    pub redirects_total: AtomicU64,
-    pub per_slug: moka::sync::Cache<String, Arc<AtomicU64>>,
+    /// Redirects since start, total and per slug (bounded: the busiest-recent 100k slugs),
+    /// counted per thread ([`redirects`]).
+    pub redirects: redirects::Redirects,
 }
 
 impl Metrics {
@@ -149,16 +149,12 @@ impl Metrics {
             nginx_clicks_ingested,
             nginx_clicks_malformed,
             clicks,
-            redirects_total: AtomicU64::new(0),
-            per_slug: moka::sync::Cache::new(100_000),
+            redirects: redirects::Redirects::new(),
         }
     }
 
     pub fn redirected(&self, slug: &str) {
-        self.redirects_total.fetch_add(1, Ordering::Relaxed);
-        self.per_slug
-            .get_with_by_ref(slug, || Arc::new(AtomicU64::new(0)))
-            .fetch_add(1, Ordering::Relaxed);
+        self.redirects.add(slug);
     }
 
     pub fn render(&self) -> Vec<u8> {
@@ -167,15 +163,11 @@ impl Metrics {
 
     /// `/stats`: total redirects and the per-slug counts, busiest first (at most `top`).
     pub fn stats(&self, top: usize) -> serde_json::Value {
-        let mut slugs: Vec<(String, u64)> = self
-            .per_slug
-            .iter()
-            .map(|(k, v)| ((*k).clone(), v.load(Ordering::Relaxed)))
-            .collect();
+        let (total, mut slugs) = self.redirects.snapshot();
         slugs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         slugs.truncate(top);
         serde_json::json!({
-            "redirects_total": self.redirects_total.load(Ordering::Relaxed),
+            "redirects_total": total,
             "slugs": slugs.into_iter().map(|(s, n)| serde_json::json!({"slug": s, "redirects": n})).collect::<Vec<_>>(),
         })
     }
