@@ -6,7 +6,9 @@
 //! path, a small map) and moves its counts into the shared, bounded map (the busiest-recent
 //! [`SLUGS`] slugs, moka's admission and eviction) every [`MERGE_EVERY`] redirects or once
 //! it holds [`PART_SLUGS`] slugs. A read ([`Redirects::snapshot`]) moves every part's counts
-//! first, so it sees every redirect counted before it started.
+//! first, so it sees every redirect counted before it started. The shared map sees one read
+//! per slug and merge, not per redirect: which slugs it keeps when more than [`SLUGS`] are
+//! busy follows how often each was redirected in a merge window, not its exact count.
 //!
 //! Before this, each redirect looked its slug up in the shared moka map (the map walk, the read
 //! recorded for its policy, the housekeeping that drains those records) and incremented one
