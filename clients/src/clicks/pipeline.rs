@@ -220,8 +220,9 @@ impl Clicks {
     }
 
     /// Records the click of one redirect; returns its event id, or `None` if the spool refused
-    /// it (counted). Returns once the event is in the spool file: one `write(2)` to the page
-    /// cache on the caller's thread (about 2 µs here); never waits on Kafka or fsync.
+    /// it (counted). Returns once the event is in the spool file: copied into the active segment's
+    /// mapping under the spool's lock (no system call; a segment that could not be mapped is
+    /// written with `write(2)`); never waits on Kafka or fsync.
     pub fn record(
         &self,
         slug: &str,

@@ -87,6 +87,8 @@ fn msec_parses_without_floats() {
     assert_eq!(msec_to_ms("1795328181.123"), Some(1_795_328_181_123));
     assert_eq!(msec_to_ms("1795328181.1"), Some(1_795_328_181_100));
     assert_eq!(msec_to_ms("1795328181"), Some(1_795_328_181_000));
+    assert_eq!(msec_to_ms("1795328181.05"), Some(1_795_328_181_050));
+    assert_eq!(msec_to_ms("1795328181."), Some(1_795_328_181_000));
     for bad in [
         "",
         ".5",
