@@ -155,6 +155,9 @@ pub struct Breaker {
     cfg: BreakerConfig,
     inner: Mutex<Inner>,
     metrics: Option<BreakerMetrics>,
+    /// The clock of its windows and budgets: `Instant::now`, a test's own clock in its tests
+    /// (the budgets' timers are tokio's either way).
+    now: fn() -> Instant,
 }
 
 /// Admission of one call; must be settled with [`Attempt::done`]. Dropped unsettled (the caller
@@ -182,7 +185,7 @@ impl Attempt<'_> {
         if self.probe {
             let mut inner = self.breaker.lock();
             if inner.state == State::HalfOpen {
-                inner.retry_at = Instant::now();
+                inner.retry_at = (self.breaker.now)();
                 self.breaker.enter(&mut inner, State::Open);
             }
         }
@@ -207,7 +210,7 @@ impl Budgeted<'_> {
 impl Drop for Budgeted<'_> {
     fn drop(&mut self) {
         if let Some(a) = self.attempt.take() {
-            if Instant::now() < self.give_up_at {
+            if (a.breaker.now)() < self.give_up_at {
                 a.abandon();
             }
         }
@@ -224,6 +227,15 @@ impl Drop for Attempt<'_> {
 
 impl Breaker {
     pub fn new(name: &'static str, cfg: BreakerConfig, metrics: Option<BreakerMetrics>) -> Self {
+        Self::with_clock(name, cfg, metrics, Instant::now)
+    }
+
+    fn with_clock(
+        name: &'static str,
+        cfg: BreakerConfig,
+        metrics: Option<BreakerMetrics>,
+        now: fn() -> Instant,
+    ) -> Self {
         if let Some(m) = &metrics {
             m.state.with_label_values(&[name]).set(0);
         }
@@ -233,9 +245,10 @@ impl Breaker {
             inner: Mutex::new(Inner {
                 state: State::Closed,
                 failures: 0,
-                retry_at: Instant::now(),
+                retry_at: now(),
             }),
             metrics,
+            now,
         }
     }
 
@@ -277,7 +290,7 @@ impl Breaker {
         let mut inner = self.lock();
         let probe = match inner.state {
             State::Closed => false,
-            State::Open if Instant::now() >= inner.retry_at => {
+            State::Open if (self.now)() >= inner.retry_at => {
                 self.enter(&mut inner, State::HalfOpen);
                 true
             }
@@ -308,7 +321,7 @@ impl Breaker {
         let trip =
             probe || (inner.state == State::Closed && inner.failures >= self.cfg.failures_to_open);
         if trip {
-            inner.retry_at = Instant::now() + self.cfg.open_for;
+            inner.retry_at = (self.now)() + self.cfg.open_for;
             self.enter(&mut inner, State::Open);
         }
     }
@@ -326,7 +339,7 @@ impl Breaker {
     {
         let attempt = Budgeted {
             attempt: Some(self.try_acquire().map_err(|_| CallError::Open(self.name))?),
-            give_up_at: Instant::now() + budget,
+            give_up_at: (self.now)() + budget,
         };
         match tokio::time::timeout(budget, call).await {
             Ok(Ok(v)) => {
@@ -351,16 +364,35 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    // The breakers' windows run on a clock each test moves by hand (`advance`; it stands still
+    // otherwise, one per test thread), so no window depends on how fast the machine is. The
+    // budgets are tokio timers in real time: a hung call costs its (short) budget for real, and
+    // a caller that gives up does so long before the budget it abandons.
+    thread_local! {
+        static EPOCH: Instant = Instant::now();
+        static MOVED: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    }
+
+    fn test_now() -> Instant {
+        EPOCH.with(|e| *e) + MOVED.with(Cell::get)
+    }
+
+    fn advance(by: Duration) {
+        MOVED.with(|m| m.set(m.get() + by));
+    }
+
     fn breaker(n: u32, open_ms: u64) -> Breaker {
-        Breaker::new(
+        Breaker::with_clock(
             "dep",
             BreakerConfig {
                 failures_to_open: n,
                 open_for: Duration::from_millis(open_ms),
             },
             None,
+            test_now,
         )
     }
 
@@ -368,34 +400,36 @@ mod tests {
         std::future::pending().await
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_hung_dependency_costs_n_budgets_then_one_probe_per_window() {
         let b = breaker(3, 1000);
-        let budget = Duration::from_millis(100);
+        let budget = Duration::from_millis(20);
         let calls = AtomicU32::new(0);
-        let started = Instant::now();
-        let counted = || {
+        // Counts the calls that reach the dependency (are polled), not the futures made.
+        let counted = || async {
             calls.fetch_add(1, Ordering::Relaxed);
-            hang()
+            hang().await
         };
         for _ in 0..3 {
-            assert!(matches!(
+            assert_eq!(
                 b.call(budget, |_| true, counted()).await,
-                Err(CallError::Timeout(..))
-            ));
+                Err(CallError::Timeout("dep", budget))
+            );
         }
         assert_eq!(b.state(), State::Open);
-        // 100 more calls within the window: none reaches the dependency, none waits.
-        let before = Instant::now();
+        // 100 more calls within the window: none reaches the dependency, none waits for its
+        // budget (each is refused as open, not timed out).
         for _ in 0..100 {
-            let attempt = b.try_acquire();
-            assert!(attempt.is_err());
+            assert_eq!(
+                b.call(budget, |_| true, counted()).await,
+                Err(CallError::Open("dep"))
+            );
         }
-        assert_eq!(before.elapsed(), Duration::ZERO);
         assert_eq!(calls.load(Ordering::Relaxed), 3);
-        assert_eq!(started.elapsed(), Duration::from_millis(300));
         // After the window exactly one probe goes through; while it runs, others fail fast.
-        tokio::time::advance(Duration::from_millis(1000)).await;
+        advance(Duration::from_millis(999));
+        assert!(b.try_acquire().is_err(), "still within the window");
+        advance(Duration::from_millis(1));
         let probe = b.try_acquire().expect("the probe");
         assert_eq!(b.state(), State::HalfOpen);
         assert!(b.try_acquire().is_err());
@@ -403,17 +437,16 @@ mod tests {
         assert_eq!(b.state(), State::Open);
         assert!(b.try_acquire().is_err());
         // Next window: the probe succeeds and the circuit closes.
-        tokio::time::advance(Duration::from_millis(1000)).await;
+        advance(Duration::from_millis(1000));
         assert_eq!(
             b.call(budget, |_: &()| true, async { Ok::<_, ()>(7) })
-                .await
-                .unwrap(),
-            7
+                .await,
+            Ok(7)
         );
         assert_eq!(b.state(), State::Closed);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn answers_that_are_not_failures_keep_it_closed_and_a_success_resets_the_count() {
         let b = breaker(2, 1000);
         let d = Duration::from_millis(50);
@@ -432,36 +465,40 @@ mod tests {
         assert_eq!(b.state(), State::Open);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn callers_that_give_up_within_the_budget_are_no_evidence() {
         // A client that goes away, a bulk request's own deadline: the dependency did not fail.
         let b = breaker(2, 1000);
         for _ in 0..10 {
-            let call = b.call(Duration::from_millis(100), |_| true, hang());
-            assert!(tokio::time::timeout(Duration::from_millis(5), call)
+            let call = b.call(Duration::from_secs(30), |_| true, hang());
+            assert!(tokio::time::timeout(Duration::from_millis(1), call)
                 .await
                 .is_err());
         }
         assert_eq!(b.state(), State::Closed);
         // Its own budget running out still is.
         for _ in 0..2 {
-            let _ = b.call(Duration::from_millis(10), |_| true, hang()).await;
+            let _ = b.call(Duration::from_millis(5), |_| true, hang()).await;
         }
         assert_eq!(b.state(), State::Open);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_cancelled_probe_reopens_instead_of_wedging_half_open() {
         let b = breaker(1, 500);
-        let _ = b.call(Duration::from_millis(10), |_| true, hang()).await;
-        tokio::time::advance(Duration::from_millis(500)).await;
+        let _ = b.call(Duration::from_millis(5), |_| true, hang()).await;
+        assert_eq!(b.state(), State::Open);
+        advance(Duration::from_millis(500));
         {
-            let probe = b.call(Duration::from_secs(10), |_| true, hang());
+            let probe = b.call(Duration::from_secs(30), |_| true, hang());
             // The caller gives up (its own deadline) before the probe's budget.
-            let _ = tokio::time::timeout(Duration::from_millis(5), probe).await;
+            let _ = tokio::time::timeout(Duration::from_millis(1), probe).await;
         }
         assert_eq!(b.state(), State::Open);
-        tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(b.try_acquire().is_ok(), "a new probe after the window");
+        // The abandoned probe said nothing about the dependency: the next one is due at once.
+        assert!(
+            b.try_acquire().is_ok(),
+            "a new probe without another window"
+        );
     }
 }
