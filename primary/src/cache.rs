@@ -178,7 +178,7 @@ impl RedirectCache {
     /// (`set`, within --memcached-write-timeout-ms, longer than a redirect's get) before the
     /// PATCH answers. Fills use `add`, so a fill that read the old row before the change and
     /// lands after this write cannot put the old answer back (the race test in
-    /// tests/tests/security/). If the `set` fails the key is deleted before answering, and
+    /// tests/tests/e2e/security/). If the `set` fails the key is deleted before answering, and
     /// if that fails too, in the background until memcached takes it (a delete is always safe
     /// to repeat; an old `set` would not be), so a stale value outlives an outage by at most
     /// one retry.

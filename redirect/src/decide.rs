@@ -1,6 +1,6 @@
 //! The redirect decision, pure: what a lookup found and the time → redirect (status +
 //! `Location`), 404, 410 or 500. Both tiers call [`decide`] on a [`View`] of their own lookup
-//! result; `tests/tests/deciders.rs` drives both tiers' lookups (primary's cached row,
+//! result; `tests/tests/e2e/deciders.rs` drives both tiers' lookups (primary's cached row,
 //! lastresort's S3 object as the replicator writes it) with the same generated links and
 //! asserts identical answers.
 

@@ -13,7 +13,7 @@ use zlink_e2e::*;
 mod keys;
 mod races_and_limits;
 
-const CORPUS: &str = include_str!("../../corpus/bad-destinations.txt");
+const CORPUS: &str = include_str!("../../../corpus/bad-destinations.txt");
 
 fn corpus() -> Vec<&'static str> {
     CORPUS
