@@ -133,6 +133,12 @@ zl_wait_for() {
   done
 }
 
+# Builds every binary of the workspace (release; extra cargo arguments, e.g. -q, after). Always
+# the whole workspace, which every script then finds built: a `-p` build resolves features of its
+# own and compiles a dozen crates again (and the tests resolve the binaries' features,
+# deploy/local/check-features).
+zl_build() { (cd "$ZLINK_ROOT" && cargo build --release --locked --workspace --bins "$@"); }
+
 # Readiness probes in each server's own protocol (probe/, no dependencies: built in seconds,
 # before the servers it probes; `test` and `up` build it first).
 zl_probe() {
