@@ -12,6 +12,11 @@
 //! zlink-floor LISTEN [bare|kit] [WORKER_THREADS]
 //! ```
 //!
+//! `ZLINK_FLOOR_SPIN_NS=N` makes every answer first spin N ns in user space: a floor as slow
+//! as a tier, for telling what a slower server costs in the kernel by itself (a load
+//! generator that idles between answers is woken by each one, and the server's `writev` pays
+//! for the wake-up) from what the tier's own system calls and faults cost.
+//!
 //! `deploy/local/bench-cores` builds and runs it; it is no part of any deployment.
 
 use bytes::Bytes;
@@ -24,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 fn answer() -> Response<Full<Bytes>> {
+    spin();
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::FOUND;
     resp.headers_mut().insert(
@@ -31,6 +37,26 @@ fn answer() -> Response<Full<Bytes>> {
         HeaderValue::from_static("https://example.com/"),
     );
     resp
+}
+
+/// `ZLINK_FLOOR_SPIN_NS` of busy work (0: none).
+fn spin() {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    let d = *SPIN.get_or_init(|| {
+        Duration::from_nanos(
+            std::env::var("ZLINK_FLOOR_SPIN_NS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        )
+    });
+    if d.is_zero() {
+        return;
+    }
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
 }
 
 async fn bare(listener: TcpListener) {
