@@ -36,9 +36,14 @@ fn bench(c: &mut Criterion) {
     g.bench_function("event+frame", |b| {
         b.iter(|| {
             let origin = trusted.origin(peer, &h, 1);
-            clicks::frame(
-                &clicks::event(Tier::Lastresort, "salt", &geo, "aB3dE5f", &origin, &h),
-                Some(&trace),
+            clicks::with_event(
+                Tier::Lastresort,
+                "salt",
+                &geo,
+                "aB3dE5f",
+                &origin,
+                &h,
+                |ev| clicks::frame(ev, Some(&trace)),
             )
         })
     });
@@ -57,7 +62,8 @@ fn bench(c: &mut Criterion) {
             "aB3dE5f",
             &trusted.origin(peer, &h, 1),
             &h,
-        ),
+        )
+        .borrowed(),
         Some(&trace),
     );
     g.bench_function(

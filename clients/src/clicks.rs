@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use zlink_wire::events::{ClickEvent, Tier, CLICK_EVENT_SCHEMA};
+use zlink_wire::events::{ClickEvent, ClickRef, Tier, CLICK_EVENT_SCHEMA};
 
 const MAX_REFERRER: usize = 1024;
 const MAX_USER_AGENT: usize = 512;
@@ -145,12 +145,17 @@ impl ClickArgs {
 
 /// Text of a header, cut to `max` bytes on a character boundary.
 pub fn header_text(headers: &HeaderMap, name: header::HeaderName, max: usize) -> Option<String> {
+    header_str(headers, name, max).map(str::to_owned)
+}
+
+/// [`header_text`], borrowed from the request.
+pub fn header_str(headers: &HeaderMap, name: header::HeaderName, max: usize) -> Option<&str> {
     let v = headers.get(name)?.to_str().ok()?;
     let mut end = v.len().min(max);
     while !v.is_char_boundary(end) {
         end -= 1;
     }
-    Some(v[..end].to_string())
+    Some(&v[..end])
 }
 
 /// The proxies whose forwarding headers are believed (`--trusted-proxies`): `X-Forwarded-For`
@@ -287,25 +292,76 @@ pub fn msec_to_ms(msec: &str) -> Option<i64> {
 
 /// Hex SHA-256 of the deployment salt and the IP: countable, not reversible without the salt.
 pub fn ip_hash(salt: &str, ip: IpAddr) -> String {
-    use std::io::Write;
-    let mut h = Sha256::new();
-    h.update(salt.as_bytes());
-    // The address's text, as `to_string` writes it, on the stack (one per redirect): the
-    // longest is 45 bytes (`ffff:…:255.255.255.255`).
-    let mut text = std::io::Cursor::new([0u8; 48]);
-    match write!(text, "{ip}") {
-        Ok(()) => h.update(&text.get_ref()[..text.position() as usize]),
-        Err(_) => h.update(ip.to_string().as_bytes()),
+    IpHash::of(salt, ip).as_str().to_owned()
+}
+
+/// [`ip_hash`] on the stack (one per redirect: no allocation).
+#[derive(Clone, Copy)]
+pub struct IpHash([u8; 64]);
+
+impl IpHash {
+    pub fn of(salt: &str, ip: IpAddr) -> IpHash {
+        let mut h = Sha256::new();
+        h.update(salt.as_bytes());
+        // The address's text, as `to_string` writes it. An IPv4 address (nearly every click)
+        // is written here digit by digit: through `core::fmt` it was a formatter call per
+        // octet, a visible share of a redirect's copies (issue 37). The longest IPv6 text is
+        // 45 bytes (`ffff:…:255.255.255.255`).
+        let mut text = [0u8; 48];
+        let n = match ip {
+            IpAddr::V4(v4) => v4_text(v4, &mut text),
+            IpAddr::V6(v6) => {
+                use std::io::Write;
+                let mut cur = std::io::Cursor::new(&mut text[..]);
+                match write!(cur, "{v6}") {
+                    Ok(()) => cur.position() as usize,
+                    Err(_) => 0,
+                }
+            }
+        };
+        if n == 0 {
+            h.update(ip.to_string().as_bytes());
+        } else {
+            h.update(&text[..n]);
+        }
+        let mut out = [0u8; 64];
+        hex::encode_to_slice(h.finalize(), &mut out).expect("32 bytes are 64 hex digits");
+        IpHash(out)
     }
-    let mut out = [0u8; 64];
-    hex::encode_to_slice(h.finalize(), &mut out).expect("32 bytes are 64 hex digits");
-    std::str::from_utf8(&out)
-        .expect("hex digits are ASCII")
-        .to_owned()
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("hex digits are ASCII")
+    }
+}
+
+/// `ip`'s dotted-decimal text into `buf`; its length.
+fn v4_text(ip: std::net::Ipv4Addr, buf: &mut [u8; 48]) -> usize {
+    let mut n = 0;
+    for (i, o) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[n] = b'.';
+            n += 1;
+        }
+        if o >= 100 {
+            buf[n] = b'0' + o / 100;
+            n += 1;
+        }
+        if o >= 10 {
+            buf[n] = b'0' + o / 10 % 10;
+            n += 1;
+        }
+        buf[n] = b'0' + o % 10;
+        n += 1;
+    }
+    n
 }
 
 /// Response header carrying the id of the redirect's click event.
 pub const CLICK_ID_HEADER: &str = "x-zlink-click-id";
+
+/// [`CLICK_ID_HEADER`] as a header name: inserting the `&str` built a new name (an
+/// allocation) on every redirect.
+pub const CLICK_ID: http::HeaderName = http::HeaderName::from_static(CLICK_ID_HEADER);
 
 /// Set by the frontend nginx on a request it failed over to a last-resort host (and passed on
 /// by that host's nginx when it came from a trusted proxy): lastresort counts such requests as
@@ -327,7 +383,8 @@ pub fn is_click(method: &http::Method) -> bool {
 }
 
 /// The click event of one redirect: who (hashed), from where (country and city of the client
-/// address, looked up here; the address itself goes no further), with what.
+/// address, looked up here; the address itself goes no further), with what. Owned: for callers
+/// that keep it; a redirect uses [`with_event`].
 pub fn event(
     tier: Tier,
     salt: &str,
@@ -336,25 +393,43 @@ pub fn event(
     origin: &Origin,
     headers: &HeaderMap,
 ) -> ClickEvent {
-    let user_agent = headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok());
+    with_event(tier, salt, geo, slug, origin, headers, |ev| ev.to_event())
+}
+
+/// Calls `f` with the click event of one redirect ([`event`]), borrowing the slug and the
+/// request's headers: a redirect's click copies nothing but into its spool record.
+pub fn with_event<R>(
+    tier: Tier,
+    salt: &str,
+    geo: &std::sync::Arc<crate::geo::Geo>,
+    slug: &str,
+    origin: &Origin,
+    headers: &HeaderMap,
+    f: impl FnOnce(&ClickRef<'_>) -> R,
+) -> R {
+    let user_agent = header_str(headers, header::USER_AGENT, MAX_USER_AGENT);
     let (country, city) = geo.locate(origin.client);
-    let (agent, device) = zlink_wire::events::classify(user_agent);
-    ClickEvent {
+    // Classified on the whole header, as before the view borrowed it cut.
+    let (agent, device) = zlink_wire::events::classify(
+        headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let hash = IpHash::of(salt, origin.client);
+    f(&ClickRef {
         schema: CLICK_EVENT_SCHEMA,
         id: origin.id,
-        key: slug.into(),
+        key: slug,
         at_ms: origin.at_ms,
         tier,
-        referrer: header_text(headers, header::REFERER, MAX_REFERRER),
+        referrer: header_str(headers, header::REFERER, MAX_REFERRER),
+        user_agent,
         agent,
+        ip_hash: hash.as_str(),
         device,
-        user_agent: header_text(headers, header::USER_AGENT, MAX_USER_AGENT),
-        ip_hash: ip_hash(salt, origin.client),
-        country,
-        city,
-    }
+        country: country.as_deref(),
+        city: city.as_deref(),
+    })
 }
 
 /// First byte of a current spool record. Records written before traces travelled start with
@@ -365,14 +440,14 @@ const FRAME_V2: u8 = 0xFE;
 /// [slug length u8][slug][event JSON]`, so the replayer has the Kafka key, the trace header
 /// and the backlog's age without parsing the event. (Older records: `[slug length][slug]
 /// [event JSON]`.)
-pub fn frame(ev: &ClickEvent, trace: Option<&TraceContext>) -> Vec<u8> {
+pub fn frame(ev: &ClickRef<'_>, trace: Option<&TraceContext>) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
     frame_into(&mut out, ev, trace);
     out
 }
 
 /// [`frame`] appended to `out` (a redirect's click reuses one buffer: no allocation per click).
-pub fn frame_into(out: &mut Vec<u8>, ev: &ClickEvent, trace: Option<&TraceContext>) {
+pub fn frame_into(out: &mut Vec<u8>, ev: &ClickRef<'_>, trace: Option<&TraceContext>) {
     let key = &ev.key.as_bytes()[..ev.key.len().min(255)];
     let tp = trace.map(TraceContext::header).unwrap_or_default();
     out.reserve(12 + tp.len() + key.len() + 256);

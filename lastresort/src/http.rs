@@ -133,7 +133,7 @@ async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
                         state.trusted.contains(peer),
                         req.headers(),
                     );
-                    pipeline::traced(t, true, Some(slug), pipeline::redirect(&*state, &req, slug))
+                    pipeline::traced(t, true, Some(slug), pipeline::answer(&*state, &req, slug))
                         .await
                 } else {
                     pipeline::redirect(&*state, &req, slug).await

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use zlink_store::Link;
-use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
+use zlink_wire::events::{ClickRef, LinkEvent, LinkEventKind, LINK_EVENT_SCHEMA};
 
 pub trait EventSink: Send + Sync + 'static {
     /// True if this sink drains the outbox: handlers then write an outbox row
@@ -21,7 +21,7 @@ pub trait EventSink: Send + Sync + 'static {
     fn link_changed(&self, ev: LinkEvent);
     /// A redirect was answered. Must return immediately; true if the click is durably recorded
     /// (then its id is shown to the client in `x-zlink-click-id`).
-    fn clicked(&self, ev: ClickEvent) -> bool;
+    fn clicked(&self, ev: &ClickRef<'_>) -> bool;
     /// Graceful shutdown, after requests drained: flush what is buffered.
     fn close(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async {})
@@ -75,7 +75,7 @@ impl EventSink for LogSink {
         tracing::debug!(slug = %ev.key, kind = kind_label(ev.kind), version = ev.version, "link event");
     }
 
-    fn clicked(&self, ev: ClickEvent) -> bool {
+    fn clicked(&self, ev: &ClickRef<'_>) -> bool {
         self.metrics.click_events.inc();
         tracing::trace!(slug = %ev.key, id = %ev.id, "click event");
         false

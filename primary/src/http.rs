@@ -149,7 +149,10 @@ async fn dispatch(state: Arc<AppState>, req: Request<Incoming>) -> Resp {
         "api.request"
     };
     let t = trace::RequestTrace::start(name, label, trusted, req.headers());
-    traced(t, redirect, slug.as_deref(), route_request(state, req)).await
+    // No lookup of the redirect pipeline runs here (a redirect's GET|HEAD never comes this
+    // way): no cache layer.
+    let handler = async { (route_request(state, req).await, None) };
+    traced(t, redirect, slug.as_deref(), handler).await
 }
 
 /// Every route but a redirect's `GET|HEAD` ([`handle`] answers those itself; a redirect path
@@ -252,7 +255,7 @@ async fn redirect_traced(state: &AppState, req: &Request<Incoming>, slug: &str) 
     }
     let trusted = state.settings.trusted_proxies.contains(Peer::ip_of(req));
     let t = trace::RequestTrace::start("redirect.handle", "redirect", trusted, req.headers());
-    traced(t, true, Some(slug), redirect::redirect(state, req, slug)).await
+    traced(t, true, Some(slug), redirect::answer(state, req, slug)).await
 }
 
 /// Serves until `shutdown` is cancelled, at most `max_connections` connections at once, then

@@ -22,6 +22,11 @@ pub async fn redirect<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -
     pipeline::redirect(state, req, slug).await
 }
 
+/// [`redirect`] with the cache layer that answered (for the request's trace).
+pub async fn answer<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -> pipeline::Answered {
+    pipeline::answer(state, req, slug).await
+}
+
 impl RedirectTier for AppState {
     const NAME: &'static str = "primary";
     type Answer = Lookup;
@@ -84,16 +89,15 @@ impl RedirectTier for AppState {
             .settings
             .trusted_proxies
             .origin(Peer::ip_of(req), req.headers(), now_ms);
-        let ev = clicks::event(
+        clicks::with_event(
             Tier::Primary,
             &self.settings.ip_hash_salt,
             &self.settings.geo,
             key,
             &origin,
             req.headers(),
-        );
-        let id = ev.id;
-        self.events.clicked(ev).then_some(id)
+            |ev| self.events.clicked(ev).then_some(ev.id),
+        )
     }
 
     fn done(&self, _: Option<&str>, _: &Resp, elapsed: Duration) {

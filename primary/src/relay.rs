@@ -34,7 +34,7 @@ use zlink_clients::kafka::HealingProducer;
 use zlink_clients::trace::{self, Span, TraceContext};
 use zlink_store::outbox::{expiry_bucket, OutboxRow, OUTBOX_SHARDS};
 use zlink_store::{Link, StoreError};
-use zlink_wire::events::{ClickEvent, LinkEvent, LinkEventKind};
+use zlink_wire::events::{ClickRef, LinkEvent, LinkEventKind};
 use zlink_wire::LinkStatus;
 
 /// The sweeper leaves younger rows to the fast path.
@@ -443,10 +443,10 @@ impl EventSink for KafkaSink {
         true
     }
 
-    fn clicked(&self, ev: ClickEvent) -> bool {
+    fn clicked(&self, ev: &ClickRef<'_>) -> bool {
         self.relay.metrics.click_events.inc();
         self.clicks
-            .spool_event(&ev, zlink_clients::trace::current().as_ref())
+            .spool_event(ev, zlink_clients::trace::current().as_ref())
     }
 
     fn close(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {

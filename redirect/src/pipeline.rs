@@ -28,9 +28,10 @@ use zlink_clients::trace::RequestTrace;
 use zlink_wire::domain::Hosts;
 use zlink_wire::{canary, slug};
 
-/// The layer that answered (response extension; the trace's `cache_layer`).
-#[derive(Clone, Copy, Debug)]
-pub struct CacheLayer(pub &'static str);
+/// A redirect's response and the cache layer that answered its lookup (the trace's
+/// `cache_layer`; `None` when no lookup answered). Returned beside the response, not in its
+/// extensions: a response's first extension cost three allocations on every redirect.
+pub type Answered = (Resp, Option<&'static str>);
 
 /// What a tier supplies: its lookup chain, its click sink, its settings.
 pub trait RedirectTier: Send + Sync + 'static {
@@ -72,21 +73,26 @@ pub trait RedirectTier: Send + Sync + 'static {
 
 /// Answers `GET|HEAD /{slug}` on the domain the request's `Host` names.
 pub async fn redirect<T: RedirectTier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Resp {
+    answer(tier, req, slug).await.0
+}
+
+/// [`redirect`], with the layer that answered (for [`traced`]).
+pub async fn answer<T: RedirectTier, B: Sync>(tier: &T, req: &Request<B>, slug: &str) -> Answered {
     let started = Instant::now();
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok());
     let key = tier.hosts().key_of(host, slug);
-    let resp = match (&key, tier.deadline()) {
-        (None, _) => Reject::NotFound.into_response(),
+    let (resp, layer) = match (&key, tier.deadline()) {
+        (None, _) => (Reject::NotFound.into_response(), None),
         (Some(key), Some(d)) => tokio::time::timeout(d, phases(tier, req, slug, key))
             .await
-            .unwrap_or_else(|_| Reject::Timeout.into_response()),
+            .unwrap_or_else(|_| (Reject::Timeout.into_response(), None)),
         (Some(key), None) => phases(tier, req, slug, key).await,
     };
     tier.done(key.as_deref(), &resp, started.elapsed());
-    resp
+    (resp, layer)
 }
 
 async fn phases<T: RedirectTier, B: Sync>(
@@ -94,19 +100,19 @@ async fn phases<T: RedirectTier, B: Sync>(
     req: &Request<B>,
     slug: &str,
     key: &str,
-) -> Resp {
+) -> Answered {
     if !slug::is_valid_slug(slug) {
-        return Reject::NotFound.into_response();
+        return (Reject::NotFound.into_response(), None);
     }
     let (answer, layer) = match tier.cached(key).await {
         Some(answer) => (answer, crate::layer::LOCAL),
         None => {
             if let Err(r) = tier.screen(slug).await {
-                return r.into_response();
+                return (r.into_response(), None);
             }
             match tier.lookup(key).await {
                 Ok(found) => found,
-                Err(r) => return r.into_response(),
+                Err(r) => return (r.into_response(), None),
             }
         }
     };
@@ -116,16 +122,19 @@ async fn phases<T: RedirectTier, B: Sync>(
         tracing::error!(key = ?key, "stored link has an unusable url or code");
     }
     let mut resp = respond(decision, T::NAME, tier.cache_control());
-    resp.extensions_mut().insert(CacheLayer(layer));
     // A canary's redirect is a probe, not a click (zlink_wire::canary).
     if resp.status().is_redirection() && clicks::is_click(req.method()) && !canary::is_canary(key) {
         if let Some(id) = tier.click(req, key, now) {
             resp.headers_mut()
-                .insert(clicks::CLICK_ID_HEADER, clicks::click_id_value(id));
+                .insert(clicks::CLICK_ID, clicks::click_id_value(id));
         }
     }
-    resp
+    (resp, Some(layer))
 }
+
+/// `x-zlink-tier`: which rung answered. A name built once (inserting the `&str` allocated a
+/// new name on every redirect).
+pub const TIER: http::HeaderName = http::HeaderName::from_static("x-zlink-tier");
 
 /// Phase 5: the response of a decision.
 pub fn respond(decision: Decision, tier: &'static str, cache_control: &HeaderValue) -> Resp {
@@ -137,7 +146,7 @@ pub fn respond(decision: Decision, tier: &'static str, cache_control: &HeaderVal
             let h = resp.headers_mut();
             h.insert(header::LOCATION, location);
             h.insert(header::CACHE_CONTROL, cache_control.clone());
-            h.insert("x-zlink-tier", HeaderValue::from_static(tier));
+            h.insert(TIER, HeaderValue::from_static(tier));
             resp
         }
     }
@@ -149,10 +158,9 @@ pub async fn traced(
     trace: RequestTrace,
     redirect: bool,
     slug: Option<&str>,
-    handler: impl Future<Output = Resp>,
+    handler: impl Future<Output = Answered>,
 ) -> Resp {
-    let resp = trace.run(std::pin::pin!(handler)).await;
-    let layer = resp.extensions().get::<CacheLayer>().map(|l| l.0);
+    let (resp, layer) = trace.run(std::pin::pin!(handler)).await;
     trace.finish(redirect, slug, layer, resp.status());
     resp
 }

@@ -40,4 +40,4 @@ use tokio_util::sync::CancellationToken;
 use zlink_clients::clock::{Clock, SystemClock};
 use zlink_store::Db;
 use zlink_store::StoreConfig;
-use zlink_wire::events::{ClickEvent, LinkEvent};
+use zlink_wire::events::{ClickEvent, ClickRef, LinkEvent};

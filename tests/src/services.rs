@@ -14,8 +14,8 @@ impl EventSink for RecordingSink {
     fn link_changed(&self, ev: LinkEvent) {
         self.links.lock().unwrap().push(ev);
     }
-    fn clicked(&self, ev: ClickEvent) -> bool {
-        self.clicks.lock().unwrap().push(ev);
+    fn clicked(&self, ev: &ClickRef<'_>) -> bool {
+        self.clicks.lock().unwrap().push(ev.to_event());
         false
     }
 }

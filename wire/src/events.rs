@@ -263,6 +263,70 @@ pub struct ClickEvent {
     pub city: Option<String>,
 }
 
+/// A [`ClickEvent`] that borrows its strings: what a redirect writes into its spool record.
+/// It serialises to the very JSON of the owned event (same fields, order, names and rules;
+/// tested), so a tier builds the click from the request's headers and the link's key without
+/// copying any of them into owned strings first (four allocations and frees per redirect,
+/// issue 37).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ClickRef<'a> {
+    pub schema: u16,
+    pub id: Uuid,
+    #[serde(rename = "slug")]
+    pub key: &'a str,
+    pub at_ms: i64,
+    pub tier: Tier,
+    pub referrer: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub agent: AgentClass,
+    pub ip_hash: &'a str,
+    pub device: Device,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub country: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub city: Option<&'a str>,
+}
+
+impl ClickEvent {
+    /// This event as a [`ClickRef`] (same JSON).
+    pub fn borrowed(&self) -> ClickRef<'_> {
+        ClickRef {
+            schema: self.schema,
+            id: self.id,
+            key: self.key.as_str(),
+            at_ms: self.at_ms,
+            tier: self.tier,
+            referrer: self.referrer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
+            agent: self.agent,
+            ip_hash: &self.ip_hash,
+            device: self.device,
+            country: self.country.as_deref(),
+            city: self.city.as_deref(),
+        }
+    }
+}
+
+impl ClickRef<'_> {
+    /// The owned event (for sinks that keep clicks).
+    pub fn to_event(&self) -> ClickEvent {
+        ClickEvent {
+            schema: self.schema,
+            id: self.id,
+            key: self.key.into(),
+            at_ms: self.at_ms,
+            tier: self.tier,
+            referrer: self.referrer.map(str::to_owned),
+            user_agent: self.user_agent.map(str::to_owned),
+            agent: self.agent,
+            ip_hash: self.ip_hash.to_owned(),
+            device: self.device,
+            country: self.country.map(str::to_owned),
+            city: self.city.map(str::to_owned),
+        }
+    }
+}
+
 /// The click events of one `clicks` message: its lines (separated by `\n`), blank ones skipped.
 /// JSON escapes every control character inside strings, so an event never spans two lines.
 pub fn click_lines(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
@@ -426,6 +490,39 @@ mod tests {
             (ev.device, ev.country, ev.city),
             (Device::Other, None, None)
         );
+    }
+
+    #[test]
+    fn a_borrowed_click_writes_the_owned_events_json() {
+        let full = ClickEvent {
+            schema: CLICK_EVENT_SCHEMA,
+            id: Uuid::from_u128(0x7b0e2f5c_1d0a_4d4e_9a55_1a2b3c4d5e6f),
+            key: "example.com/abc".into(),
+            at_ms: 1_795_328_181_123,
+            tier: Tier::Lastresort,
+            referrer: Some("https://news.example/?q=\"x\"\n<b>".into()),
+            user_agent: Some("Mozilla/5.0 (iPhone) Mobile \u{e9}".into()),
+            agent: AgentClass::Browser,
+            ip_hash: "ab".repeat(32),
+            device: Device::Mobile,
+            country: Some("DE".into()),
+            city: Some("M\u{fc}nchen".into()),
+        };
+        let bare = ClickEvent {
+            referrer: None,
+            user_agent: None,
+            country: None,
+            city: None,
+            tier: Tier::Primary,
+            ..full.clone()
+        };
+        for ev in [full, bare] {
+            let owned = serde_json::to_string(&ev).unwrap();
+            assert_eq!(serde_json::to_string(&ev.borrowed()).unwrap(), owned);
+            assert_eq!(ev.borrowed().to_event(), ev);
+            let back: ClickEvent = serde_json::from_str(&owned).unwrap();
+            assert_eq!(back, ev);
+        }
     }
 
     #[test]

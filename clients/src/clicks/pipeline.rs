@@ -233,15 +233,16 @@ impl Clicks {
         geo: &Arc<crate::geo::Geo>,
     ) -> Option<Uuid> {
         let origin = self.trusted.origin(peer, headers, now_ms);
-        let ev = event(self.tier, &self.salt, geo, slug, &origin, headers);
-        self.spool_event(&ev, trace).then_some(ev.id)
+        with_event(self.tier, &self.salt, geo, slug, &origin, headers, |ev| {
+            self.spool_event(ev, trace).then_some(ev.id)
+        })
     }
 
     /// Appends an event built elsewhere (primary builds its own) under the redirect's trace;
     /// false if refused (counted). Only a sampled trace travels on (the replayer sends it as
     /// the message's `traceparent`): a header on every click message cost more per redirect
     /// than everything else tracing does, and nothing downstream logs unsampled clicks.
-    pub fn spool_event(&self, ev: &ClickEvent, trace: Option<&TraceContext>) -> bool {
+    pub fn spool_event(&self, ev: &ClickRef<'_>, trace: Option<&TraceContext>) -> bool {
         thread_local! {
             /// The record being framed (one per thread; a record is at most a few KiB).
             static RECORD: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(1024));
@@ -276,7 +277,7 @@ impl Clicks {
     /// Appends `events` in order and fsyncs them. Returns how many of them — always a prefix —
     /// are durable in the spool (the rest were refused, counted, and may be offered again).
     pub fn spool_durably(&self, events: &[ClickEvent]) -> usize {
-        let frames: Vec<Vec<u8>> = events.iter().map(|e| frame(e, None)).collect();
+        let frames: Vec<Vec<u8>> = events.iter().map(|e| frame(&e.borrowed(), None)).collect();
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let mut accepted = 0;
         for r in self.spool.append_batch(&refs) {

@@ -148,14 +148,14 @@ fn a_framed_event_unframes_to_its_slug_and_json() {
     let far = event(Tier::Lastresort, "salt", &geo, "abc-1", &unknown, &h);
     assert_eq!((far.country, far.city), (None, None));
     let trace = TraceContext::root();
-    let rec = frame(&ev, Some(&trace));
+    let rec = frame(&ev.borrowed(), Some(&trace));
     let f = unframe(&rec).unwrap();
     assert_eq!(f.key, b"abc-1");
     assert_eq!(serde_json::from_slice::<ClickEvent>(f.value).unwrap(), ev);
     assert_eq!(f.at_ms, Some(7));
     assert_eq!(f.traceparent, Some(trace.header().as_str()));
     assert_eq!(ev.ip_hash, ip_hash("salt", "203.0.113.5".parse().unwrap()));
-    let untraced = frame(&ev, None);
+    let untraced = frame(&ev.borrowed(), None);
     assert_eq!(unframe(&untraced).unwrap().traceparent, None);
     // A record spooled by the previous release: [slug length][slug][json].
     let mut old = vec![5u8];
@@ -188,4 +188,49 @@ fn the_ip_hash_is_the_salted_sha256_of_the_address_text_for_every_length_of_addr
         h.update(ip.to_string().as_bytes());
         assert_eq!(ip_hash("salt", ip), hex::encode(h.finalize()), "{ip}");
     }
+}
+
+#[test]
+fn ipv4_text_is_what_to_string_writes_for_every_octet_value() {
+    let mut buf = [0u8; 48];
+    for a in 0..=255u8 {
+        for ip in [
+            [a, 0, 9, 10],
+            [99, a, 100, 255],
+            [1, 10, a, 199],
+            [0, 0, 0, a],
+        ] {
+            let ip = std::net::Ipv4Addr::from(ip);
+            let n = v4_text(ip, &mut buf);
+            assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), ip.to_string());
+        }
+    }
+}
+
+#[test]
+fn a_redirects_borrowed_event_frames_as_the_owned_event_did() {
+    let mut h = HeaderMap::new();
+    h.insert(
+        header::USER_AGENT,
+        "Mozilla/5.0 (Android 14) Mobile".parse().unwrap(),
+    );
+    h.insert(header::REFERER, "https://a.example/\"q\"".parse().unwrap());
+    let origin = Origin {
+        id: Uuid::now_v7(),
+        at_ms: 9,
+        client: "2001:db8::7".parse().unwrap(),
+    };
+    let geo = crate::geo::Geo::none();
+    let owned = event(Tier::Primary, "salt", &geo, "k-1", &origin, &h);
+    let trace = TraceContext::root();
+    let borrowed = with_event(Tier::Primary, "salt", &geo, "k-1", &origin, &h, |ev| {
+        frame(ev, Some(&trace))
+    });
+    assert_eq!(borrowed, frame(&owned.borrowed(), Some(&trace)));
+    let f = unframe(&borrowed).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<ClickEvent>(f.value).unwrap(),
+        owned
+    );
+    assert_eq!(owned.ip_hash, ip_hash("salt", origin.client));
 }

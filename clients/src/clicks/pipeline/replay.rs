@@ -458,7 +458,7 @@ mod tests {
     fn record(slug: &str, json: &str, trace: Option<&TraceContext>) -> Vec<u8> {
         let mut ev: ClickEvent = serde_json::from_str(json).unwrap();
         ev.key = slug.into();
-        frame(&ev, trace)
+        frame(&ev.borrowed(), trace)
     }
 
     /// The default `--clicks-message-bytes`.

@@ -375,7 +375,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
     )
     .unwrap();
     for e in &events {
-        assert!(offline.spool_event(e, None));
+        assert!(offline.spool_event(&e.borrowed(), None));
     }
     offline.shutdown().await;
     drop(offline); // releases the spool directory's lock
