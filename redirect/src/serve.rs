@@ -356,6 +356,33 @@ mod tests {
         CancellationToken,
         tokio::task::JoinHandle<()>,
     ) {
+        test_server(max, drain, || {
+            hyper::service::service_fn(|_req| async {
+                Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+            })
+        })
+        .await
+    }
+
+    /// A server on a free port with each connection's service from `service`: its address,
+    /// metrics, shutdown token and task.
+    async fn test_server<S, F>(
+        max: usize,
+        drain: Duration,
+        service: F,
+    ) -> (
+        SocketAddr,
+        ConnMetrics,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )
+    where
+        F: Fn() -> S + Send + 'static,
+        S: hyper::service::Service<Request<Incoming>, Response = Resp, Error = Infallible>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+    {
         let registry = Registry::new();
         let metrics = ConnMetrics::register(&registry).unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -371,11 +398,7 @@ mod tests {
             shutdown.clone(),
             Duration::from_secs(1),
             conns,
-            || {
-                hyper::service::service_fn(|_req| async {
-                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
-                })
-            },
+            service,
         ));
         (addr, metrics, shutdown, server)
     }
@@ -449,28 +472,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_served_request_knows_its_connections_peer_and_others_their_extension() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let conns = Connections {
-            max: 4,
-            drain: Duration::ZERO,
-            metrics: ConnMetrics::register(&Registry::new()).unwrap(),
-        };
-        let server = tokio::spawn(serve(
-            listener,
-            shutdown.clone(),
-            Duration::from_secs(1),
-            conns,
-            || {
-                hyper::service::service_fn(|req: Request<Incoming>| async move {
-                    // Seen from a nested future of the handler, as a tier's handlers are.
-                    let ip = async { Peer::ip_of(&req) }.await;
-                    let body = Bytes::from(ip.to_string());
-                    Ok::<_, Infallible>(http::Response::new(Full::new(body)))
-                })
-            },
-        ));
+        let (addr, _, shutdown, server) = test_server(4, Duration::ZERO, || {
+            hyper::service::service_fn(|req: Request<Incoming>| async move {
+                // Seen from a nested future of the handler, as a tier's handlers are.
+                let ip = async { Peer::ip_of(&req) }.await;
+                let body = Bytes::from(ip.to_string());
+                Ok::<_, Infallible>(http::Response::new(Full::new(body)))
+            })
+        })
+        .await;
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
             .await
