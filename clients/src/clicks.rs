@@ -150,12 +150,16 @@ pub fn header_text(headers: &HeaderMap, name: header::HeaderName, max: usize) ->
 
 /// [`header_text`], borrowed from the request.
 pub fn header_str(headers: &HeaderMap, name: header::HeaderName, max: usize) -> Option<&str> {
-    let v = headers.get(name)?.to_str().ok()?;
+    Some(cut(headers.get(name)?.to_str().ok()?, max))
+}
+
+/// `v` cut to `max` bytes on a character boundary.
+fn cut(v: &str, max: usize) -> &str {
     let mut end = v.len().min(max);
     while !v.is_char_boundary(end) {
         end -= 1;
     }
-    Some(&v[..end])
+    &v[..end]
 }
 
 /// The proxies whose forwarding headers are believed (`--trusted-proxies`): `X-Forwarded-For`
@@ -407,14 +411,13 @@ pub fn with_event<R>(
     headers: &HeaderMap,
     f: impl FnOnce(&ClickRef<'_>) -> R,
 ) -> R {
-    let user_agent = header_str(headers, header::USER_AGENT, MAX_USER_AGENT);
+    let user_agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
     let (country, city) = geo.locate(origin.client);
-    // Classified on the whole header, as before the view borrowed it cut.
-    let (agent, device) = zlink_wire::events::classify(
-        headers
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok()),
-    );
+    // Classified on the whole header; the event carries it cut.
+    let (agent, device) = zlink_wire::events::classify(user_agent);
+    let user_agent = user_agent.map(|ua| cut(ua, MAX_USER_AGENT));
     let hash = IpHash::of(salt, origin.client);
     f(&ClickRef {
         schema: CLICK_EVENT_SCHEMA,
