@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use zlink_clients::trace;
-use zlink_redirect::pipeline::traced;
+use zlink_redirect::pipeline::{self, traced};
 use zlink_redirect::Peer;
 
 /// Every path primary answers. Parsing is pure; method checks happen in [`dispatch`].
@@ -255,7 +255,7 @@ async fn redirect_traced(state: &AppState, req: &Request<Incoming>, slug: &str) 
     }
     let trusted = state.settings.trusted_proxies.contains(Peer::ip_of(req));
     let t = trace::RequestTrace::start("redirect.handle", "redirect", trusted, req.headers());
-    traced(t, true, Some(slug), redirect::answer(state, req, slug)).await
+    traced(t, true, Some(slug), pipeline::answer(state, req, slug)).await
 }
 
 /// Serves until `shutdown` is cancelled, at most `max_connections` connections at once, then

@@ -22,11 +22,6 @@ pub async fn redirect<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -
     pipeline::redirect(state, req, slug).await
 }
 
-/// [`redirect`] with the cache layer that answered (for the request's trace).
-pub async fn answer<B: Sync>(state: &AppState, req: &Request<B>, slug: &str) -> pipeline::Answered {
-    pipeline::answer(state, req, slug).await
-}
-
 impl RedirectTier for AppState {
     const NAME: &'static str = "primary";
     type Answer = Lookup;
