@@ -101,3 +101,13 @@ bench_counter_start() {
 bench_clicks_restore() {
   if [[ "$1" == 1 ]] && ! zl_pid clicks >/dev/null; then { zl_start clicks && zl_wait_ready clicks; } >/dev/null 2>&1 || true; fi
 }
+
+# bench_pin CPUS PID...: every thread of each process (and of its children) onto CPUS; never
+# fails (a process may be gone).
+bench_pin() {
+  local cpus="$1" p c; shift
+  for p in "$@"; do
+    taskset -a -p -c "$cpus" "$p" >/dev/null 2>&1 || true
+    for c in $(pgrep -P "$p" 2>/dev/null); do taskset -a -p -c "$cpus" "$c" >/dev/null 2>&1 || true; done
+  done
+}
