@@ -223,11 +223,15 @@ pub struct ServeConfig {
     /// --cql-timeout-ms). Not answering within it counts as a store failure.
     #[arg(long, env = "ZLINK_STORE_READ_BUDGET_MS", default_value_t = 150)]
     pub store_read_budget_ms: u64,
-    /// Consecutive store failures (errors or blown budgets) that open the store's circuit.
+    /// Consecutive store failures (errors or blown budgets) that open a store circuit. A primary
+    /// has two, each counting its own calls: one for the redirect's reads (budget
+    /// --store-read-budget-ms; metrics label `store_read`), one for every other statement
+    /// (--cql-timeout-ms; `store`), so slow redirect reads do not refuse writes.
     #[arg(long, env = "ZLINK_STORE_BREAKER_FAILURES", default_value_t = 3)]
     pub store_breaker_failures: u32,
-    /// How long an open store circuit fails statements at once before one probe, ms. While it
-    /// is open, creates and uncached redirects answer 503 at once (nginx fails over).
+    /// How long an open store circuit fails its statements at once before one probe, ms. While
+    /// the reads' is open, uncached redirects answer 503 at once (nginx fails over); while the
+    /// statements' is, creates and API calls do.
     #[arg(long, env = "ZLINK_STORE_BREAKER_OPEN_MS", default_value_t = 1000)]
     pub store_breaker_open_ms: u64,
     /// Time allowed for in-flight requests to finish after SIGTERM, seconds.

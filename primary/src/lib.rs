@@ -152,21 +152,25 @@ impl App {
     }
 }
 
-/// Puts the store's circuit breaker and budgets (from `cfg`) in front of `db`: the session a
-/// serving primary talks to.
+/// Puts the store's circuit breakers and budgets (from `cfg`) in front of `db`: the session a
+/// serving primary talks to. Metrics label the statements' breaker `store` and the redirect
+/// reads' `store_read`.
 fn guard_store(
     db: zlink_store::Db,
     cfg: &config::ServeConfig,
     metrics: &metrics::Metrics,
 ) -> zlink_store::Db {
-    let breaker = zlink_clients::breaker::Breaker::new(
-        "store",
-        cfg.store_breaker(),
-        Some(metrics.breakers.clone()),
-    );
-    db.with_breaker(
-        breaker,
+    let breaker = |name| {
+        zlink_clients::breaker::Breaker::new(
+            name,
+            cfg.store_breaker(),
+            Some(metrics.breakers.clone()),
+        )
+    };
+    db.with_breakers(
+        breaker("store"),
         cfg.store.cql_timeout(),
+        breaker("store_read"),
         Duration::from_millis(cfg.store_read_budget_ms),
     )
 }

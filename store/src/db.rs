@@ -51,14 +51,23 @@ pub(crate) fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-/// Deadlines and the circuit breaker of a serving process (primary): every statement within
-/// the CQL timeout, the redirect's link read within its own tighter budget, and nothing sent
-/// while the circuit is open. Background consumers (replicator, counter) run without one: they
-/// retry with backoff and have nobody waiting.
+/// Deadlines and circuit breakers of a serving process (primary): every statement within the
+/// CQL timeout behind one breaker, the redirect's reads within their own tighter budget behind
+/// another, and nothing sent while a circuit is open. Two breakers, because a blown 150 ms read
+/// budget says the store cannot answer a redirect in time, not that it cannot take a write in
+/// 2 s: with one breaker three slow reads on a starved box refused creates (503) the store
+/// would have taken. A dead or hung store blows both budgets and opens both. Background
+/// consumers (replicator, counter) run without a guard: they retry with backoff and have
+/// nobody waiting.
 struct Guard {
+    statements: Guarded,
+    reads: Guarded,
+}
+
+/// One class of statements: its breaker and its budget.
+struct Guarded {
     breaker: zlink_clients::breaker::Breaker,
-    statement_budget: Duration,
-    read_budget: Duration,
+    budget: Duration,
 }
 
 /// A connected session on the keyspace; repositories ([`crate::links::Links`] and friends)
@@ -124,19 +133,26 @@ impl Db {
         })
     }
 
-    /// Puts `breaker` in front of every statement: each has `statement_budget` (reads made with
-    /// [`Db::read`]: `read_budget`), a blown budget is a failure like a refused connection, and
-    /// an open circuit fails statements at once with [`StoreError::CircuitOpen`].
-    pub fn with_breaker(
+    /// Puts `statements` in front of every statement, each with `statement_budget`, except the
+    /// redirect's reads ([`Db::read`]): `reads` with `read_budget`. A blown budget is a failure
+    /// like a refused connection, and an open circuit fails its statements at once with
+    /// [`StoreError::CircuitOpen`].
+    pub fn with_breakers(
         mut self,
-        breaker: zlink_clients::breaker::Breaker,
+        statements: zlink_clients::breaker::Breaker,
         statement_budget: Duration,
+        reads: zlink_clients::breaker::Breaker,
         read_budget: Duration,
     ) -> Self {
         self.guard = Some(Guard {
-            breaker,
-            statement_budget,
-            read_budget,
+            statements: Guarded {
+                breaker: statements,
+                budget: statement_budget,
+            },
+            reads: Guarded {
+                breaker: reads,
+                budget: read_budget,
+            },
         });
         self
     }
@@ -176,30 +192,31 @@ impl Db {
         &self.session
     }
 
-    /// Runs a statement within the statement budget (when guarded).
+    /// Runs a statement within the statement budget, behind the statements' breaker (when
+    /// guarded).
     pub(crate) async fn exec(
         &self,
         stmt: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<QueryResult, StoreError> {
-        self.exec_within(stmt, values, None).await
+        self.exec_within(stmt, values, |g| &g.statements).await
     }
 
-    /// Runs a read the redirect path waits for: within the tighter read budget (when guarded).
+    /// Runs a read the redirect path waits for: within the tighter read budget, behind the
+    /// reads' breaker (when guarded).
     pub(crate) async fn read(
         &self,
         stmt: &PreparedStatement,
         values: impl SerializeRow,
     ) -> Result<QueryResult, StoreError> {
-        let budget = self.guard.as_ref().map(|g| g.read_budget);
-        self.exec_within(stmt, values, budget).await
+        self.exec_within(stmt, values, |g| &g.reads).await
     }
 
     async fn exec_within(
         &self,
         stmt: &PreparedStatement,
         values: impl SerializeRow,
-        budget: Option<Duration>,
+        class: fn(&Guard) -> &Guarded,
     ) -> Result<QueryResult, StoreError> {
         let run = async {
             self.session
@@ -210,8 +227,9 @@ impl Db {
         let Some(g) = &self.guard else {
             return run.await;
         };
-        let budget = budget.unwrap_or(g.statement_budget);
-        g.breaker
+        let Guarded { breaker, budget } = class(g);
+        let budget = *budget;
+        breaker
             .call(budget, StoreError::is_outage, run)
             .await
             .map_err(|e| match e {

@@ -1,5 +1,6 @@
-//! A blackholed store behind a real fault proxy: a few budgets, then the circuit opens and
-//! redirects fail over at once.
+//! A blackholed store behind a real fault proxy: a few budgets, then the circuits open (the
+//! redirect reads' and the other statements', each on its own evidence) and redirects fail over
+//! at once.
 
 use super::*;
 
@@ -52,17 +53,37 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     let host = lastresort_host(&infra, &[hostport(&lr.base)], &n.s3_prefix, &click_log).await;
     let fe = frontend(&[hostport(&p.base)], &host).await;
     let metrics = p.url("/metrics");
-    let timeouts = || {
-        metric_sum(
-            &metrics,
-            r#"zlink_primary_dependency_timeouts_total{dependency="store"}"#,
-        )
+    // The redirect's reads have a breaker of their own (`store_read`); creates and every other
+    // statement go through `store`.
+    let timeouts = |dependency: &'static str| {
+        let metrics = metrics.clone();
+        async move {
+            metric_sum(
+                &metrics,
+                &format!(r#"zlink_primary_dependency_timeouts_total{{dependency="{dependency}"}}"#),
+            )
+            .await
+        }
     };
-    let rejected = || {
-        metric_sum(
-            &metrics,
-            r#"zlink_primary_breaker_rejected_total{dependency="store"}"#,
-        )
+    let rejected = |dependency: &'static str| {
+        let metrics = metrics.clone();
+        async move {
+            metric_sum(
+                &metrics,
+                &format!(r#"zlink_primary_breaker_rejected_total{{dependency="{dependency}"}}"#),
+            )
+            .await
+        }
+    };
+    let state = |dependency: &'static str| {
+        let metrics = metrics.clone();
+        async move {
+            metric_sum(
+                &metrics,
+                &format!(r#"zlink_primary_breaker_state{{dependency="{dependency}"}}"#),
+            )
+            .await
+        }
     };
 
     // Act: the store swallows every byte. Cold slugs straight at the primary: a 503 each
@@ -82,24 +103,42 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     }
     // One probe per 2 s window may have gone out meanwhile (on a slow machine).
     let windows = (started.elapsed().as_millis() / 2000) as f64;
-    let t = timeouts().await;
+    let t = timeouts("store_read").await;
     assert!(
         (3.0..=3.0 + windows).contains(&t),
-        "3 blown budgets open the circuit (plus one probe per window), got {t}"
+        "3 blown budgets open the reads' circuit (plus one probe per window), got {t}"
     );
-    assert!(rejected().await >= 17.0 - windows, "the rest failed fast");
-    assert_eq!(
-        metric_sum(
-            &metrics,
-            r#"zlink_primary_breaker_state{dependency="store"}"#
+    assert!(
+        rejected("store_read").await >= 17.0 - windows,
+        "the rest failed fast"
+    );
+    assert_eq!(state("store_read").await, 1.0, "open");
+    // Creates answer a JSON 503, never a hang: each fails within the statements' own 2 s
+    // budget until that circuit has its three failures too (the primary's outbox relay may add
+    // some), then they are refused without a request.
+    let mut refused_fast = false;
+    for i in 0..6 {
+        let before = rejected("store").await;
+        let c = create(
+            &p.base,
+            &key,
+            json!({"url": format!("https://example.com/x/{i}")}),
         )
-        .await,
-        1.0,
-        "open"
+        .await;
+        assert_eq!(c.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body: Value = c.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "unavailable", "{body}");
+        if rejected("store").await > before {
+            refused_fast = true;
+            break;
+        }
+    }
+    // (Its failures are the driver's own 2 s request timeouts, which end the statement just
+    // before the breaker's equal budget would: errors, not `dependency_timeouts_total`.)
+    assert!(
+        refused_fast,
+        "the statements' circuit opened on its own failures"
     );
-    // A create fails fast too: a 503 JSON, not a hang.
-    let c = create(&p.base, &key, json!({"url": "https://example.com/x"})).await;
-    assert_eq!(c.status(), StatusCode::SERVICE_UNAVAILABLE);
 
     // Through the frontend, every cold slug is answered right by the last-resort host.
     for (slug, url) in &links[20..] {
@@ -124,14 +163,19 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     );
     let r = client().get(&direct).send().await.unwrap();
     assert_eq!(r.headers()["location"], url.as_str());
-    assert_eq!(
-        metric_sum(
-            &metrics,
-            r#"zlink_primary_breaker_state{dependency="store"}"#
-        )
+    assert_eq!(state("store_read").await, 0.0, "closed");
+    // The statements' circuit closes on its next probe: a create goes through again.
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let (base, key) = (p.base.clone(), key.clone());
+            async move {
+                let c = create(&base, &key, json!({"url": "https://example.com/healed"})).await;
+                c.status() == StatusCode::CREATED
+            }
+        })
         .await,
-        0.0,
-        "closed"
+        "creates succeed again after the store heals"
     );
+    assert_eq!(state("store").await, 0.0, "closed");
     replicator.stop().await;
 }
