@@ -19,6 +19,7 @@
 mod alerts;
 mod args;
 mod hooks;
+mod machine;
 mod plan;
 mod report;
 mod writer;
@@ -281,7 +282,9 @@ async fn main() -> anyhow::Result<()> {
 
     let mut bounds = Vec::new();
     let mut action_results = Vec::new();
+    let mut machine_load = Vec::new();
     for (i, p) in phases.iter().enumerate() {
+        let machine_at_start = machine::snapshot();
         // Requests made while the actions run belong to the new phase: the transition is
         // what the drill is about.
         phase.store(i, Ordering::Relaxed);
@@ -327,6 +330,7 @@ async fn main() -> anyhow::Result<()> {
         }
         bounds.push((start_ms, t0.elapsed().as_millis() as u64));
         action_results.push((err, action_s));
+        machine_load.push(machine::between(&machine_at_start, &machine::snapshot()));
     }
     stop.notify_one();
     write_stop.notify_one();
@@ -338,9 +342,10 @@ async fn main() -> anyhow::Result<()> {
     };
     let samples = samples.lock().unwrap().clone();
     let mut results = report::phase_results(&phases, &samples, &bounds, &targets);
-    for (r, (err, s)) in results.iter_mut().zip(action_results) {
+    for ((r, (err, s)), m) in results.iter_mut().zip(action_results).zip(machine_load) {
         r.action_error = err;
         r.action_s = s;
+        r.machine = m;
     }
     if let Some(w) = writes {
         let mut w = w.await?;
@@ -411,6 +416,7 @@ async fn main() -> anyhow::Result<()> {
     let alerts_judged = a.alertmanager.is_some() && a.phase_seconds >= a.alert_window_s;
     report::add_alerts(&phases, &mut results, &alerts, alerts_judged);
     report::print_table(&phases, &results);
+    report::print_machine(&phases, &results);
     if a.alertmanager.is_some() {
         for (p, r) in phases.iter().zip(&results) {
             if !r.alerts.is_empty() {

@@ -110,6 +110,8 @@ pub struct PhaseResult {
     /// Alerts firing at any time during the phase (when the drill reads Alertmanager).
     pub alerts: Vec<String>,
     pub misses: Vec<String>,
+    /// How starved the machine was during the phase (not judged: it explains a miss).
+    pub machine: crate::machine::Load,
 }
 
 /// An alert starting or stopping to fire, as Alertmanager showed it, since the load started.
@@ -349,6 +351,32 @@ pub fn judge(phases: &[Phase], results: &mut [PhaseResult], t: &Targets) {
     }
 }
 
+/// The machine during each phase: a miss in a phase where tasks waited for a CPU most of the
+/// time says the box was starved, not only that a tier was slow.
+pub fn print_machine(phases: &[Phase], results: &[PhaseResult]) {
+    let cell = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    println!(
+        "machine, % per phase: CPUs busy / stolen by the hypervisor / time some task waited for a CPU"
+    );
+    let cells: Vec<String> = phases
+        .iter()
+        .zip(results)
+        .map(|(p, r)| {
+            let m = r.machine;
+            format!(
+                "{} {}/{}/{}",
+                p.name,
+                cell(m.busy_pct),
+                cell(m.steal_pct),
+                cell(m.waiting_pct)
+            )
+        })
+        .collect();
+    for line in cells.chunks(4) {
+        println!("  {}", line.join(", "));
+    }
+}
+
 pub fn print_table(phases: &[Phase], results: &[PhaseResult]) {
     println!(
         "{:<22} {:>6} {:>5} {:>6} {:>7} {:>7} {:>8} {:>7} {:>13} {:>9} {:>7}  {:<20} verdict",
@@ -456,7 +484,7 @@ pub fn timeline(samples: &[Sample]) -> Vec<[f64; 5]> {
 }
 
 pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
-    json!({
+    let mut v = json!({
         "phase": p.name, "scenario": p.scenario, "single_tier": p.single_tier,
         "actions": p.actions.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>(),
         "flap": p.flap,
@@ -478,7 +506,10 @@ pub fn phase_json(p: &Phase, r: &PhaseResult) -> Value {
         "alerts": r.alerts, "alerts_expected_to_fire": p.alerts_fire,
         "alerts_expected_to_resolve": p.alerts_resolve,
         "passed": r.misses.is_empty(), "misses": r.misses,
-    })
+    });
+    v["machine"] = json!({"cpu_busy_pct": r.machine.busy_pct,
+        "cpu_steal_pct": r.machine.steal_pct, "cpu_waiting_pct": r.machine.waiting_pct});
+    v
 }
 
 mod html;
