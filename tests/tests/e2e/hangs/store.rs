@@ -55,36 +55,16 @@ async fn a_blackholed_store_costs_a_few_budgets_then_redirects_fail_over_at_once
     let metrics = p.url("/metrics");
     // The redirect's reads have a breaker of their own (`store_read`); creates and every other
     // statement go through `store`.
-    let timeouts = |dependency: &'static str| {
+    let metric = |name: &'static str, dependency: &'static str| {
         let metrics = metrics.clone();
         async move {
-            metric_sum(
-                &metrics,
-                &format!(r#"zlink_primary_dependency_timeouts_total{{dependency="{dependency}"}}"#),
-            )
-            .await
+            let series = format!(r#"zlink_primary_{name}{{dependency="{dependency}"}}"#);
+            metric_sum(&metrics, &series).await
         }
     };
-    let rejected = |dependency: &'static str| {
-        let metrics = metrics.clone();
-        async move {
-            metric_sum(
-                &metrics,
-                &format!(r#"zlink_primary_breaker_rejected_total{{dependency="{dependency}"}}"#),
-            )
-            .await
-        }
-    };
-    let state = |dependency: &'static str| {
-        let metrics = metrics.clone();
-        async move {
-            metric_sum(
-                &metrics,
-                &format!(r#"zlink_primary_breaker_state{{dependency="{dependency}"}}"#),
-            )
-            .await
-        }
-    };
+    let timeouts = |dependency| metric("dependency_timeouts_total", dependency);
+    let rejected = |dependency| metric("breaker_rejected_total", dependency);
+    let state = |dependency| metric("breaker_state", dependency);
 
     // Act: the store swallows every byte. Cold slugs straight at the primary: a 503 each
     // (never a 404: "store unreachable" is not "no such link"), and after three blown budgets
