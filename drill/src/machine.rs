@@ -6,6 +6,11 @@
 
 use std::time::Instant;
 
+// Fields of the `cpu` line.
+const IDLE: usize = 3;
+const IOWAIT: usize = 4;
+const STEAL: usize = 7;
+
 /// The counters at one moment.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
@@ -66,9 +71,9 @@ pub fn between(a: &Snapshot, b: &Snapshot) -> Load {
             if total == 0 {
                 (None, None)
             } else {
-                let idle = d[3] + d[4];
+                let idle = d[IDLE] + d[IOWAIT];
                 let pct = |n: u64| Some(100.0 * n as f64 / total as f64);
-                (pct(total - idle - d[7]), pct(d[7]))
+                (pct(total - idle - d[STEAL]), pct(d[STEAL]))
             }
         }
         _ => (None, None),

@@ -283,8 +283,9 @@ async fn main() -> anyhow::Result<()> {
     let mut bounds = Vec::new();
     let mut action_results = Vec::new();
     let mut machine_load = Vec::new();
+    // Each phase's end is the next one's start: one reading of /proc per boundary.
+    let mut machine_at = machine::snapshot();
     for (i, p) in phases.iter().enumerate() {
-        let machine_at_start = machine::snapshot();
         // Requests made while the actions run belong to the new phase: the transition is
         // what the drill is about.
         phase.store(i, Ordering::Relaxed);
@@ -330,7 +331,9 @@ async fn main() -> anyhow::Result<()> {
         }
         bounds.push((start_ms, t0.elapsed().as_millis() as u64));
         action_results.push((err, action_s));
-        machine_load.push(machine::between(&machine_at_start, &machine::snapshot()));
+        let now = machine::snapshot();
+        machine_load.push(machine::between(&machine_at, &now));
+        machine_at = now;
     }
     stop.notify_one();
     write_stop.notify_one();
