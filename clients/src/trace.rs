@@ -23,6 +23,8 @@ use std::time::SystemTime;
 
 /// The header (HTTP and Kafka) carrying a [`TraceContext`].
 pub const TRACEPARENT: &str = "traceparent";
+/// [`TRACEPARENT`] as an HTTP header name (a lookup by `&str` parses the name each time).
+const TRACEPARENT_NAME: http::HeaderName = http::HeaderName::from_static(TRACEPARENT);
 
 /// Tracing settings every service's command line shares.
 #[derive(Debug, Clone, clap::Args)]
@@ -440,7 +442,7 @@ impl RequestTrace {
         headers: &http::HeaderMap,
     ) -> Self {
         let parent = trusted
-            .then(|| headers.get(TRACEPARENT))
+            .then(|| headers.get(TRACEPARENT_NAME))
             .flatten()
             .and_then(|v| v.to_str().ok());
         let mut span = Span::server(name, parent);

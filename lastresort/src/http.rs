@@ -92,8 +92,7 @@ impl RedirectTier for State {
 async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Resp {
     let peer = Peer::ip_of(&req);
     // Rung 2 proper (the frontend failed this request over) or direct traffic (rung 4, probes).
-    let via = if state.trusted.contains(peer) && req.headers().contains_key(clicks::FAILOVER_HEADER)
-    {
+    let via = if state.trusted.contains(peer) && req.headers().contains_key(clicks::FAILOVER) {
         "failover"
     } else {
         "direct"
