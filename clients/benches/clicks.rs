@@ -66,6 +66,31 @@ fn bench(c: &mut Criterion) {
         .borrowed(),
         Some(&trace),
     );
+    // The record's JSON alone, both ways (the same bytes: wire's unit tests).
+    let owned = clicks::event(
+        Tier::Lastresort,
+        "salt",
+        &geo,
+        "aB3dE5f",
+        &trusted.origin(peer, &h, 1),
+        &h,
+    );
+    let ev = owned.borrowed();
+    let mut buf = Vec::with_capacity(1024);
+    g.bench_function("event JSON (serde_json::to_writer)", |b| {
+        b.iter(|| {
+            buf.clear();
+            serde_json::to_writer(&mut buf, std::hint::black_box(&ev)).expect("json");
+            buf.len()
+        })
+    });
+    g.bench_function("event JSON (ClickRef::write_json)", |b| {
+        b.iter(|| {
+            buf.clear();
+            std::hint::black_box(&ev).write_json(&mut buf);
+            buf.len()
+        })
+    });
     g.bench_function(
         "spool append (copy into the mapped segment, fsync every 1024 or 20 ms)",
         |b| b.iter(|| spool.append(&rec).expect("append")),

@@ -476,12 +476,8 @@ pub fn frame_into(out: &mut Vec<u8>, ev: &ClickRef<'_>, trace: Option<&TraceCont
     out.extend_from_slice(tp.as_bytes());
     out.push(key.len() as u8);
     out.extend_from_slice(key);
-    let json_at = out.len();
-    // A plain struct of strings and numbers into a Vec: serialisation cannot fail; were it
-    // to, the record keeps an empty event, as it always did, never half of one.
-    if serde_json::to_writer(&mut *out, ev).is_err() {
-        out.truncate(json_at);
-    }
+    // serde_json's very bytes, written by hand (ClickRef::write_json): cannot fail.
+    ev.write_json(out);
 }
 
 /// A spool record's parts (see [`frame`]).
