@@ -392,6 +392,25 @@ fn push_opt(out: &mut Vec<u8>, v: Option<&str>) {
     }
 }
 
+/// How `serde_json` writes each byte inside a string: 0 as is, `u` as `\u00xx` (lowercase
+/// hex), anything else as that short escape after a backslash.
+static ESCAPE: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = b'u';
+        i += 1;
+    }
+    t[0x08] = b'b';
+    t[0x09] = b't';
+    t[0x0a] = b'n';
+    t[0x0c] = b'f';
+    t[0x0d] = b'r';
+    t[b'"' as usize] = b'"';
+    t[b'\\' as usize] = b'\\';
+    t
+};
+
 /// A JSON string as `serde_json` writes one: `"` and `\` escaped, the control characters
 /// U+0000-U+001F as `\b \t \n \f \r` or `\u00xx` (lowercase hex), everything else as is.
 fn push_str(out: &mut Vec<u8>, v: &str) {
@@ -400,19 +419,12 @@ fn push_str(out: &mut Vec<u8>, v: &str) {
     let bytes = v.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        let short = match b {
-            b'"' => b'"',
-            b'\\' => b'\\',
-            0x08 => b'b',
-            0x09 => b't',
-            0x0a => b'n',
-            0x0c => b'f',
-            0x0d => b'r',
-            0x00..=0x1f => 0,
-            _ => continue,
-        };
+        let e = ESCAPE[usize::from(b)];
+        if e == 0 {
+            continue;
+        }
         out.extend_from_slice(&bytes[start..i]);
-        if short == 0 {
+        if e == b'u' {
             out.extend_from_slice(&[
                 b'\\',
                 b'u',
@@ -422,7 +434,7 @@ fn push_str(out: &mut Vec<u8>, v: &str) {
                 HEX[usize::from(b & 0xf)],
             ]);
         } else {
-            out.extend_from_slice(&[b'\\', short]);
+            out.extend_from_slice(&[b'\\', e]);
         }
         start = i + 1;
     }
