@@ -6,7 +6,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
-use zlink_store::clicks::{agent_name, tier_name, LinkStats, DAY_MS};
+use zlink_store::clicks::{LinkStats, DAY_MS};
 use zlink_store::Link;
 use zlink_wire::events::{AgentClass, Device, Tier};
 use zlink_wire::LinkStatus;
@@ -219,11 +219,11 @@ impl Stats {
             bots: stats.bots(),
             by_agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview]
                 .into_iter()
-                .map(|a| (agent_name(a), count(&stats.by_agent, agent_name(a))))
+                .map(|a| (a.name(), count(&stats.by_agent, a.name())))
                 .collect(),
             by_tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx]
                 .into_iter()
-                .map(|t| (tier_name(t), count(&stats.by_tier, tier_name(t))))
+                .map(|t| (t.name(), count(&stats.by_tier, t.name())))
                 .collect(),
             by_device: [
                 Device::Desktop,

@@ -3,7 +3,7 @@
 //! the blob a day's counts are stored as. Pure: no I/O.
 
 use std::collections::BTreeMap;
-use zlink_wire::events::{AgentClass, ClickEvent, Tier};
+use zlink_wire::events::ClickEvent;
 
 pub const DAY_MS: i64 = 86_400_000;
 /// Distinct referrer hosts kept per link and day; the rest are counted under [`OTHER`].
@@ -62,22 +62,6 @@ pub const ROLLUP_CLOCK_MARGIN_US: i64 = 10_000_000;
 pub fn day_of(ms: i64) -> i32 {
     ms.div_euclid(DAY_MS)
         .clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
-}
-
-pub fn tier_name(t: Tier) -> &'static str {
-    match t {
-        Tier::Primary => "primary",
-        Tier::Lastresort => "lastresort",
-        Tier::LastresortNginx => "lastresort-nginx",
-    }
-}
-
-pub fn agent_name(a: AgentClass) -> &'static str {
-    match a {
-        AgentClass::Browser => "browser",
-        AgentClass::Bot => "bot",
-        AgentClass::Preview => "preview",
-    }
 }
 
 /// The referrer as counted: its host, lowercased, without a leading `www.`; [`DIRECT`] when
@@ -218,8 +202,8 @@ impl DayCounts {
             .map(|c| self.capped(CITY, c, MAX_CITIES_PER_DAY));
         let rows = [
             (COUNT, "total", ""),
-            (COUNT, "tier:", tier_name(ev.tier)),
-            (COUNT, "agent:", agent_name(ev.agent)),
+            (COUNT, "tier:", ev.tier.name()),
+            (COUNT, "agent:", ev.agent.name()),
             (COUNT, "device:", ev.device.name()),
             (REFERRER, referrer, ""),
             (COUNTRY, country, ""),

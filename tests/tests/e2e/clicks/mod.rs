@@ -17,8 +17,8 @@ use uuid::Uuid;
 use zlink_e2e::*;
 use zlink_store::clicks::writer::{Limits, SourceCounter};
 use zlink_store::clicks::{
-    day_of, first_day_of_month, month_closed, month_of_day, referrer_host, tier_name, ClickStore,
-    Counted, LinkStats, StatsReads, DAY_MS,
+    day_of, first_day_of_month, month_closed, month_of_day, referrer_host, ClickStore, Counted,
+    LinkStats, StatsReads, DAY_MS,
 };
 use zlink_wire::events::{AgentClass, ClickEvent, Device, Tier, CLICK_EVENT_SCHEMA};
 
@@ -67,13 +67,8 @@ fn expected(events: &[ClickEvent]) -> BTreeMap<String, LinkStats> {
     for e in events.iter().filter(|e| seen.insert(e.id)) {
         let s = out.entry(e.key.to_string()).or_default();
         s.total += 1;
-        *s.by_tier.entry(tier_name(e.tier).into()).or_default() += 1;
-        let agent = match e.agent {
-            AgentClass::Browser => "browser",
-            AgentClass::Bot => "bot",
-            AgentClass::Preview => "preview",
-        };
-        *s.by_agent.entry(agent.into()).or_default() += 1;
+        *s.by_tier.entry(e.tier.name().into()).or_default() += 1;
+        *s.by_agent.entry(e.agent.name().into()).or_default() += 1;
         *s.per_day.entry(day_of(e.at_ms)).or_default() += 1;
         *s.referrers
             .entry(referrer_host(e.referrer.as_deref()))
