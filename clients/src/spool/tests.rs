@@ -18,11 +18,11 @@ fn read_all(r: &mut Reader) -> (Vec<Vec<u8>>, Batch) {
     let mut last = Batch::default();
     loop {
         let b = r.read(7, 1 << 20).unwrap();
-        if b.records.is_empty() {
+        if b.is_empty() {
             last.end = b.end.or(last.end);
             return (out, last);
         }
-        out.extend(b.records.iter().cloned());
+        out.extend(b.to_vecs());
         last.end = b.end;
     }
 }
@@ -41,7 +41,7 @@ fn records_come_back_in_order_once_committed_and_again_if_not() {
             spool.append(&rec(i)).unwrap();
         }
         let first = r.read(5, 1 << 20).unwrap();
-        assert_eq!(first.records, (0..5).map(rec).collect::<Vec<_>>());
+        assert_eq!(first.to_vecs(), (0..5).map(rec).collect::<Vec<_>>());
         r.commit(&first).unwrap();
         // Read but not committed: a crash here must deliver 5..20 again.
         let (rest, _) = read_all(&mut r);
@@ -53,10 +53,7 @@ fn records_come_back_in_order_once_committed_and_again_if_not() {
     spool.append(&rec(20)).unwrap();
     let (all, last) = read_all(&mut r);
     assert_eq!(all, (5..21).map(rec).collect::<Vec<_>>());
-    let done = Batch {
-        records: all,
-        end: last.end,
-    };
+    let done = Batch::of(&all, last.end);
     r.commit(&done).unwrap();
     assert_eq!(spool.stats().pending, 0);
     drop((spool, r));
@@ -190,10 +187,10 @@ fn segments_rotate_and_are_deleted_once_committed() {
     let mut n = 0;
     loop {
         let b = r.read(16, 1 << 20).unwrap();
-        if b.records.is_empty() {
+        if b.is_empty() {
             break;
         }
-        n += b.records.len();
+        n += b.len();
         r.commit(&b).unwrap();
     }
     assert_eq!(n, 60);
@@ -230,10 +227,10 @@ fn a_full_spool_refuses_new_records_and_keeps_the_old_ones() {
     let mut got = 0;
     loop {
         let b = r.read(100, 1 << 20).unwrap();
-        if b.records.is_empty() {
+        if b.is_empty() {
             break;
         }
-        got += b.records.len();
+        got += b.len();
         r.commit(&b).unwrap();
     }
     assert_eq!(got, stored);
@@ -288,7 +285,7 @@ fn a_reader_racing_a_writer_sees_every_record_once_in_order() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while got.len() < 5000 && Instant::now() < deadline {
         let b = r.read(333, 1 << 20).unwrap();
-        got.extend(b.records.iter().cloned());
+        got.extend(b.to_vecs());
         r.commit(&b).unwrap();
     }
     writer.join().unwrap();
@@ -320,10 +317,7 @@ fn relaxed_commits_reach_the_disk_when_due_or_persisted_and_a_crash_resends_the_
         assert_eq!(recovered.pending, 20);
         let (all, last) = read_all(&mut r);
         assert_eq!(all, (10..30).map(rec).collect::<Vec<_>>());
-        let done = Batch {
-            records: all,
-            end: last.end,
-        };
+        let done = Batch::of(&all, last.end);
         r.commit_relaxed(&done, Duration::from_secs(3600)).unwrap();
         r.persist().unwrap();
         assert!(!r.unpersisted());
@@ -338,4 +332,46 @@ fn filesystem_space_reads_the_spool_directorys_filesystem() {
     let fs = filesystem_space(dir.path()).unwrap();
     assert!(fs.size > 0 && fs.free <= fs.size, "{fs:?}");
     assert!(filesystem_space(&dir.path().join("missing")).is_err());
+}
+
+#[test]
+fn a_kept_batch_is_refilled_in_place_across_chunks_and_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, mut r, _) = Spool::open(cfg(dir.path())).unwrap();
+    // Records of odd sizes, so that reads end inside records at chunk and segment ends.
+    let big = |i: usize| {
+        let mut v = rec(i);
+        v.resize(1000 + (i * 7919) % 60_000, b'a' + (i % 26) as u8);
+        v
+    };
+    let n = 120;
+    for i in 0..n {
+        spool.append(&big(i)).unwrap();
+    }
+    let mut batch = Batch::default();
+    let mut got = Vec::new();
+    let mut capacity = 0;
+    for _ in 0..n {
+        r.read_into(&mut batch, 9, 300_000).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        assert_eq!(
+            batch.bytes(),
+            batch.records().map(<[u8]>::len).sum::<usize>()
+        );
+        got.extend(batch.to_vecs());
+        r.commit(&batch).unwrap();
+        capacity = capacity.max(batch.data.capacity());
+    }
+    // One buffer for all rounds, bounded by a batch and a chunk, not by what went through.
+    assert!(
+        capacity <= 2 * (300_000 + MAX_RECORD + HEADER + CHUNK),
+        "{capacity}"
+    );
+    assert_eq!(got.len(), n);
+    assert!(got.iter().enumerate().all(|(i, g)| *g == big(i)));
+    // Nothing left: an empty batch, its old records gone.
+    r.read_into(&mut batch, 9, 300_000).unwrap();
+    assert!(batch.is_empty() && batch.get(0).is_none() && batch.bytes() == 0);
 }

@@ -7,23 +7,22 @@
 use super::*;
 use crate::kafka::Quiet;
 use crate::kafka::SharedProducer;
-use crate::spool::Reader;
+use crate::spool::{Batch, Reader};
 use crate::trace::Span;
 use rdkafka::client::Client;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 
 /// How long the topic's partition count is used before it is read again.
 const PARTITIONS_TTL: Duration = Duration::from_secs(60);
 
-async fn read_batch(reader: Reader) -> (Reader, std::io::Result<crate::spool::Batch>) {
+/// Reads the next batch into `batch` (its buffers kept from round to round).
+async fn read_batch(reader: Reader, batch: Batch) -> (Reader, Batch, std::io::Result<()>) {
     tokio::task::spawn_blocking(move || {
-        let mut reader = reader;
-        let b = reader.read(BATCH_RECORDS, BATCH_BYTES);
-        (reader, b)
+        let (mut reader, mut batch) = (reader, batch);
+        let r = reader.read_into(&mut batch, BATCH_RECORDS, BATCH_BYTES);
+        (reader, batch, r)
     })
     .await
     .expect("spool read does not panic")
@@ -32,11 +31,11 @@ async fn read_batch(reader: Reader) -> (Reader, std::io::Result<crate::spool::Ba
 /// Commits a delivered batch: the position reaches the disk at most every
 /// [`POSITION_INTERVAL`] while clicks keep coming (two fsyncs each), and at once when idle or
 /// stopping ([`persist`]). A crash re-sends what was committed since: same ids, counted once.
-async fn commit(reader: Reader, batch: crate::spool::Batch) -> (Reader, std::io::Result<()>) {
+async fn commit(reader: Reader, batch: Batch) -> (Reader, Batch, std::io::Result<()>) {
     tokio::task::spawn_blocking(move || {
         let mut reader = reader;
         let r = reader.commit_relaxed(&batch, POSITION_INTERVAL);
-        (reader, r)
+        (reader, batch, r)
     })
     .await
     .expect("spool commit does not panic")
@@ -149,62 +148,109 @@ pub(super) struct Outgoing<'a> {
     pub(super) partition: Option<i32>,
     /// The slug, for a message of one click; `None` for several.
     pub(super) key: Option<&'a [u8]>,
-    pub(super) value: Cow<'a, [u8]>,
+    pub(super) value: &'a [u8],
     pub(super) traceparent: Option<&'a str>,
     pub(super) clicks: usize,
 }
 
-/// The messages of a batch of spool records: per partition, as few messages of up to
-/// `max_bytes` (`--clicks-message-bytes`) as hold its clicks. A sampled click goes alone,
-/// keyed, with its `traceparent` header (its trace continues in the counter's span). With the
-/// partition count unknown, or `max_bytes` 0, every click goes alone and keyed, as before
-/// batching.
-pub(super) fn outgoing(
-    records: &[Vec<u8>],
-    partitions: Option<u32>,
-    max_bytes: usize,
-) -> Vec<Outgoing<'_>> {
-    let mut out = Vec::new();
-    // Per partition, the message being filled.
-    let mut open: HashMap<i32, Outgoing<'_>> = HashMap::new();
-    for rec in records {
-        let Some(f) = unframe(rec) else {
-            // Checksummed, so written by us; an unframeable record would be a bug. Skip it
-            // rather than block every click behind it.
-            tracing::error!("click spool: record without a key; skipped");
-            continue;
-        };
-        let partition = partitions.map(|n| partition_of(f.key, n));
-        let alone = Outgoing {
-            partition,
-            key: Some(f.key),
-            value: Cow::Borrowed(f.value),
-            traceparent: f.traceparent,
-            clicks: 1,
-        };
-        let Some(p) = partition.filter(|_| f.traceparent.is_none() && max_bytes > 0) else {
-            out.push(alone);
-            continue;
-        };
-        match open.get_mut(&p) {
-            Some(m) if m.value.len() + 1 + f.value.len() <= max_bytes => {
-                let v = m.value.to_mut();
-                v.push(b'\n');
-                v.extend_from_slice(f.value);
-                m.key = None;
-                m.clicks += 1;
-            }
-            _ => {
-                if let Some(full) = open.insert(p, alone) {
-                    out.push(full);
-                }
+/// Cuts replay batches into messages ([`Shaper::outgoing`]). It keeps its buffers from batch
+/// to batch: the messages' bytes (up to a batch's, 2 MiB) and the order of its clicks, which
+/// allocated and freed anew every round made glibc hand back and fault in again.
+#[derive(Default)]
+pub(super) struct Shaper {
+    /// The batched clicks as (partition, index in the batch), sorted.
+    order: Vec<(i32, u32)>,
+    /// The values of the messages of several clicks, one after another.
+    buf: Vec<u8>,
+}
+
+impl Shaper {
+    /// The messages of a batch of spool records: per partition, as few messages of up to
+    /// `max_bytes` (`--clicks-message-bytes`) as hold its clicks, in spool order within the
+    /// partition; a partition's message of one click is that click keyed, its value the event
+    /// itself (the form before batching). A sampled click goes alone, keyed, with its
+    /// `traceparent` header (its trace continues in the counter's span), ahead of the rest.
+    /// With the partition count unknown, or `max_bytes` 0, every click goes alone and keyed,
+    /// as before batching.
+    pub(super) fn outgoing<'a>(
+        &'a mut self,
+        batch: &'a Batch,
+        partitions: Option<u32>,
+        max_bytes: usize,
+    ) -> Vec<Outgoing<'a>> {
+        let mut out = Vec::new();
+        self.order.clear();
+        for (i, rec) in batch.records().enumerate() {
+            let Some(f) = unframe(rec) else {
+                // Checksummed, so written by us; an unframeable record would be a bug. Skip it
+                // rather than block every click behind it.
+                tracing::error!("click spool: record without a key; skipped");
+                continue;
+            };
+            let partition = partitions.map(|n| partition_of(f.key, n));
+            match partition.filter(|_| f.traceparent.is_none() && max_bytes > 0) {
+                Some(p) => self.order.push((p, i as u32)),
+                None => out.push(Outgoing {
+                    partition,
+                    key: Some(f.key),
+                    value: f.value,
+                    traceparent: f.traceparent,
+                    clicks: 1,
+                }),
             }
         }
+        // By partition, then spool order (the index): no allocation, unlike a stable sort.
+        self.order.sort_unstable();
+        // Each message: its partition, its first click's event and key, its range in `buf`.
+        struct Cut<'a> {
+            partition: i32,
+            first: (&'a [u8], &'a [u8]),
+            at: usize,
+            clicks: usize,
+        }
+        let mut cuts: Vec<Cut<'a>> = Vec::new();
+        self.buf.clear();
+        let event = |i: u32| {
+            let f = unframe(batch.get(i as usize).expect("an index of the batch"))
+                .expect("framed: checked above");
+            (f.key, f.value)
+        };
+        for &(p, i) in &self.order {
+            let (key, value) = event(i);
+            match cuts.last_mut() {
+                Some(c)
+                    if c.partition == p && self.buf.len() - c.at + 1 + value.len() <= max_bytes =>
+                {
+                    self.buf.push(b'\n');
+                    c.clicks += 1;
+                }
+                _ => cuts.push(Cut {
+                    partition: p,
+                    first: (key, value),
+                    at: self.buf.len(),
+                    clicks: 1,
+                }),
+            }
+            self.buf.extend_from_slice(value);
+        }
+        let buf: &'a [u8] = &self.buf;
+        for (n, c) in cuts.iter().enumerate() {
+            let end = cuts.get(n + 1).map_or(buf.len(), |next| next.at);
+            let (key, value) = if c.clicks == 1 {
+                (Some(c.first.0), c.first.1)
+            } else {
+                (None, &buf[c.at..end])
+            };
+            out.push(Outgoing {
+                partition: Some(c.partition),
+                key,
+                value,
+                traceparent: None,
+                clicks: c.clicks,
+            });
+        }
+        out
     }
-    let mut rest: Vec<Outgoing<'_>> = open.into_values().collect();
-    rest.sort_by_key(|m| m.partition);
-    out.extend(rest);
-    out
 }
 
 /// The clicks topic's partition count, read from the cluster and kept for [`PARTITIONS_TTL`].
@@ -279,13 +325,14 @@ fn partition_count<C: rdkafka::ClientContext>(
 async fn send_all(
     producer: &ReplayProducer,
     topic: &str,
-    records: &[Vec<u8>],
+    shaper: &mut Shaper,
+    batch: &Batch,
     partitions: Option<u32>,
     max_bytes: usize,
 ) -> Result<usize, String> {
     let acks = BatchAcks::new();
     let mut spans = Vec::new();
-    let messages = outgoing(records, partitions, max_bytes);
+    let messages = shaper.outgoing(batch, partitions, max_bytes);
     for m in &messages {
         // The redirect's trace continues here: a `kafka.produce` span (exported if sampled),
         // and the message's `traceparent` names it as the parent of the consumer's work.
@@ -295,7 +342,7 @@ async fn send_all(
             s
         });
         let mut record: BaseRecord<'_, [u8], [u8], Arc<BatchAcks>> =
-            BaseRecord::with_opaque_to(topic, acks.clone()).payload(&m.value);
+            BaseRecord::with_opaque_to(topic, acks.clone()).payload(m.value);
         if let Some(k) = m.key {
             record = record.key(k);
         }
@@ -348,14 +395,17 @@ pub(super) async fn replay(
     let mut delay =
         crate::backoff::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     let mut partitions = Partitions::new(&topic);
+    // Kept from round to round (see [`Batch`] and [`Shaper`]).
+    let mut batch = Batch::default();
+    let mut shaper = Shaper::default();
     loop {
         metrics.observe(&spool);
         let stopping = stop.is_cancelled();
         let read_at = tokio::time::Instant::now();
-        let batch;
-        (reader, batch) = read_batch(reader).await;
-        let batch = match batch {
-            Ok(b) => b,
+        let read;
+        (reader, batch, read) = read_batch(reader, batch).await;
+        match read {
+            Ok(()) => {}
             Err(e) => {
                 tracing::error!(error = %e, "click spool: read failed");
                 tokio::select! {
@@ -363,12 +413,12 @@ pub(super) async fn replay(
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 }
             }
-        };
-        metrics.head(batch.records.first().map(Vec::as_slice));
-        if batch.records.is_empty() {
+        }
+        metrics.head(batch.get(0));
+        if batch.is_empty() {
             if batch.end.is_some() {
                 let r;
-                (reader, r) = commit(reader, batch).await;
+                (reader, batch, r) = commit(reader, batch).await;
                 if let Err(e) = r {
                     tracing::error!(error = %e, "click spool: commit failed");
                 }
@@ -393,16 +443,15 @@ pub(super) async fn replay(
             }
             continue;
         }
-        let n = batch.records.len() as u64;
-        let full = batch.records.len() >= BATCH_RECORDS
-            || batch.records.iter().map(Vec::len).sum::<usize>() >= BATCH_BYTES / 2;
+        let n = batch.len() as u64;
+        let full = batch.len() >= BATCH_RECORDS || batch.bytes() >= BATCH_BYTES / 2;
         let used = producer.producer();
         let sent = tokio::select! {
             _ = &mut give_up => break,
             r = async {
                 // One click per message needs no partition count: librdkafka keys them.
                 let n = if message_bytes > 0 { partitions.get(&used).await } else { None };
-                send_all(&used, &topic, &batch.records, n, message_bytes).await
+                send_all(&used, &topic, &mut shaper, &batch, n, message_bytes).await
             } => r,
         };
         match sent {
@@ -411,7 +460,7 @@ pub(super) async fn replay(
                 metrics.replayed.inc_by(n);
                 metrics.replay_messages.inc_by(messages as u64);
                 let r;
-                (reader, r) = commit(reader, batch).await;
+                (reader, batch, r) = commit(reader, batch).await;
                 if let Err(e) = r {
                     // Not committed: the batch is sent again later (same ids).
                     tracing::error!(error = %e, "click spool: commit failed");
@@ -464,6 +513,40 @@ mod tests {
     /// The default `--clicks-message-bytes`.
     const MAX: usize = 256 * 1024;
 
+    /// A message, owned (what [`Shaper::outgoing`] gives borrows its buffers).
+    #[derive(Debug)]
+    struct Msg {
+        partition: Option<i32>,
+        key: Option<Vec<u8>>,
+        value: Vec<u8>,
+        traceparent: Option<String>,
+        clicks: usize,
+    }
+
+    fn shape(
+        shaper: &mut Shaper,
+        records: &[Vec<u8>],
+        partitions: Option<u32>,
+        max: usize,
+    ) -> Vec<Msg> {
+        let batch = Batch::of(records, None);
+        shaper
+            .outgoing(&batch, partitions, max)
+            .into_iter()
+            .map(|m| Msg {
+                partition: m.partition,
+                key: m.key.map(<[u8]>::to_vec),
+                value: m.value.to_vec(),
+                traceparent: m.traceparent.map(str::to_string),
+                clicks: m.clicks,
+            })
+            .collect()
+    }
+
+    fn outgoing(records: &[Vec<u8>], partitions: Option<u32>, max: usize) -> Vec<Msg> {
+        shape(&mut Shaper::default(), records, partitions, max)
+    }
+
     const EV: &str = r#"{"schema":1,"id":"0190b4a2-0000-7000-8000-000000000000","slug":"x","at_ms":1,"tier":"primary","referrer":null,"user_agent":null,"ip_hash":"00"}"#;
 
     #[test]
@@ -489,7 +572,7 @@ mod tests {
         records.push(record("traced", EV, Some(&traced)));
         let out = outgoing(&records, Some(3), MAX);
         // The traced click alone, keyed, first (in spool order), with its header.
-        assert_eq!(out[0].key, Some(&b"traced"[..]));
+        assert_eq!(out[0].key.as_deref(), Some(&b"traced"[..]));
         assert!(out[0].traceparent.is_some());
         assert_eq!(out[0].partition, Some(partition_of(b"traced", 3)));
         // Then one message per partition, every click in the partition its slug hashes to.
@@ -510,7 +593,10 @@ mod tests {
         // A partition with one click: keyed by its slug, the value the event itself.
         let one = outgoing(&records[..1], Some(3), MAX);
         assert_eq!(one.len(), 1);
-        assert_eq!((one[0].key, one[0].clicks), (Some(&b"s0"[..]), 1));
+        assert_eq!(
+            (one[0].key.as_deref(), one[0].clicks),
+            (Some(&b"s0"[..]), 1)
+        );
         assert_eq!(one[0].value, unframe(&records[0]).unwrap().value);
         // Partition count unknown: a keyed message per click, librdkafka places them.
         let unknown = outgoing(&records, None, MAX);
@@ -543,10 +629,45 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_shaper_gives_every_click_once_in_spool_order_batch_after_batch() {
+        let mut shaper = Shaper::default();
+        // A large batch first, then smaller ones: nothing of an earlier batch may leak into
+        // a later one through the kept buffers.
+        for (round, n) in [(0u32, 3000usize), (1, 7), (2, 1), (3, 500)] {
+            let records: Vec<Vec<u8>> = (0..n)
+                .map(|i| {
+                    let ev = EV.replace("\"at_ms\":1", &format!("\"at_ms\":{}", i + 1));
+                    record(&format!("r{round}-{}", i % 97), &ev, None)
+                })
+                .collect();
+            let out = shape(&mut shaper, &records, Some(6), 16 * 1024);
+            assert_eq!(out.iter().map(|m| m.clicks).sum::<usize>(), n);
+            let mut seen = 0;
+            for p in 0..6 {
+                // This partition's clicks, message after message: in spool order.
+                let mut last = 0;
+                for m in out.iter().filter(|m| m.partition == Some(p)) {
+                    assert!(m.value.len() <= 16 * 1024);
+                    assert_eq!(m.key.is_some(), m.clicks == 1);
+                    for l in zlink_wire::events::click_lines(&m.value) {
+                        let e: ClickEvent = serde_json::from_slice(l).unwrap();
+                        assert!(e.key.starts_with(&format!("r{round}-")), "{}", e.key);
+                        assert_eq!(partition_of(e.key.as_bytes(), 6), p);
+                        assert!(e.at_ms > last, "spool order within the partition");
+                        last = e.at_ms;
+                        seen += 1;
+                    }
+                }
+            }
+            assert_eq!(seen, n);
+        }
+    }
+
+    #[test]
     fn an_unframeable_record_is_skipped_not_sent() {
         let records = vec![vec![0xFE], record("ok", EV, None)];
         let out = outgoing(&records, Some(2), MAX);
         assert_eq!(out.len(), 1);
-        assert_eq!(out[0].key, Some(&b"ok"[..]));
+        assert_eq!(out[0].key.as_deref(), Some(&b"ok"[..]));
     }
 }
