@@ -17,6 +17,7 @@
 //! long-lived answer at once.
 
 use crate::metrics::Metrics;
+use http::HeaderValue;
 use moka::future::Cache;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,6 +77,10 @@ struct Fresh {
 impl Answer for Fresh {
     fn view(&self) -> View<'_> {
         self.outcome.view()
+    }
+
+    fn location(&self) -> Option<&HeaderValue> {
+        self.outcome.location()
     }
 
     fn is_short_lived(&self) -> bool {
@@ -216,7 +221,7 @@ impl Resolver {
         if let Some(mc) = &self.memcached {
             if let Some(t) = mc.get::<Target>(slug).await {
                 cell.set(layer::MEMCACHED);
-                let answer = Outcome::Found(Arc::new(t));
+                let answer = Outcome::found(t);
                 self.stale.insert(slug.to_string(), answer.clone()).await;
                 return Ok(answer);
             }
@@ -276,7 +281,7 @@ impl Resolver {
                     if let Some(mc) = &self.memcached {
                         mc.fill(slug, &t);
                     }
-                    Outcome::Found(Arc::new(t))
+                    Outcome::found(t)
                 }
                 None => {
                     self.metrics.malformed.inc();

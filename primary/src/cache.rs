@@ -9,13 +9,14 @@
 
 use crate::metrics::Metrics;
 use crate::store::Store;
+use http::HeaderValue;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 use zlink_clients::backoff::Backoff;
 use zlink_clients::trace::Span;
 use zlink_redirect::cache::{LayerCell, LocalCache, Memcached, Trusted};
-use zlink_redirect::decide::{is_servable, Answer, View};
+use zlink_redirect::decide::{is_servable, Answer, Located, Url, View};
 use zlink_redirect::layer;
 use zlink_store::{Link, StoreError};
 use zlink_wire::LinkStatus;
@@ -58,9 +59,16 @@ impl Trusted for CachedLink {
     }
 }
 
+impl Url for CachedLink {
+    fn url(&self) -> &str {
+        &self.url
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Lookup {
-    Found(Arc<CachedLink>),
+    /// Its `Location` built once, when it is cached.
+    Found(Arc<Located<CachedLink>>),
     Missing,
 }
 
@@ -75,6 +83,13 @@ impl Answer for Lookup {
             },
             Lookup::Found(_) => View::Gone,
             Lookup::Missing => View::Missing,
+        }
+    }
+
+    fn location(&self) -> Option<&HeaderValue> {
+        match self {
+            Lookup::Found(l) => l.location(),
+            Lookup::Missing => None,
         }
     }
 }
@@ -132,7 +147,7 @@ impl RedirectCache {
         if let Some(mc) = &self.memcached {
             if let Some(link) = mc.get::<CachedLink>(slug).await {
                 cell.set(layer::MEMCACHED);
-                return Ok(Lookup::Found(Arc::new(link)));
+                return Ok(Lookup::Found(Arc::new(Located::new(link))));
             }
         }
         self.metrics.store_reads.inc();
@@ -151,11 +166,11 @@ impl RedirectCache {
         self.metrics.cache.answered(layer::STORE);
         match link {
             Some(link) => {
-                let cached = Arc::new(CachedLink::from(&link));
+                let cached = CachedLink::from(&link);
                 if let Some(mc) = &self.memcached {
-                    mc.fill(slug, &*cached);
+                    mc.fill(slug, &cached);
                 }
-                Ok(Lookup::Found(cached))
+                Ok(Lookup::Found(Arc::new(Located::new(cached))))
             }
             // Missing slugs are cached only in-process: a memcached entry would outlive a create.
             None => Ok(Lookup::Missing),

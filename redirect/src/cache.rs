@@ -372,11 +372,11 @@ mod tests {
     }
 
     fn found(url: &str) -> Outcome {
-        Outcome::Found(Arc::new(crate::Target {
+        Outcome::found(crate::Target {
             url: url.into(),
             code: 302,
             exp: None,
-        }))
+        })
     }
 
     fn url_of(o: Option<Outcome>) -> Option<String> {

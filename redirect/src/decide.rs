@@ -4,6 +4,7 @@
 //! lastresort's S3 object as the replicator writes it) with the same generated links and
 //! asserts identical answers.
 
+use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -23,6 +24,53 @@ impl Target {
     /// form (so a valid `Location`), an allowed redirect code.
     pub fn is_valid(&self) -> bool {
         is_servable(&self.url, self.code)
+    }
+}
+
+/// A cached link's target URL (what [`Located`] builds its `Location` from).
+pub trait Url {
+    fn url(&self) -> &str;
+}
+
+impl Url for Target {
+    fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// A link as a tier's caches hold it, with its `Location` header value built once, when it is
+/// cached: a redirect then neither copies nor checks the URL (a clone of the value is a
+/// reference count, where building it was an allocation, a copy and a check of every byte).
+/// `None` when the URL is no valid header value (the decider answers 500 for it).
+#[derive(Debug)]
+pub struct Located<T> {
+    link: T,
+    location: Option<HeaderValue>,
+}
+
+impl<T: Url> Located<T> {
+    pub fn new(link: T) -> Self {
+        let location =
+            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(link.url().as_bytes())).ok();
+        Located { link, location }
+    }
+}
+
+impl<T> Located<T> {
+    /// The `Location` value of the link's URL, if it is a valid one.
+    pub fn location(&self) -> Option<&HeaderValue> {
+        self.location.as_ref()
+    }
+
+    pub fn link(&self) -> &T {
+        &self.link
+    }
+}
+
+impl<T> std::ops::Deref for Located<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.link
     }
 }
 
@@ -50,13 +98,20 @@ pub enum View<'a> {
 pub trait Answer: Clone + Send + Sync + 'static {
     fn view(&self) -> View<'_>;
 
+    /// The redirect's `Location`, built when the answer was cached ([`Located`]); `None`: the
+    /// decider builds it from the view's URL.
+    fn location(&self) -> Option<&HeaderValue> {
+        None
+    }
+
     /// Bytes this entry holds in the in-process cache, roughly (key and overhead included).
     fn weight(&self, key: &str) -> u32 {
         let n = match self.view() {
             View::Redirect { url, .. } => url.len(),
             View::Gone | View::Missing => 0,
         };
-        u32::try_from(key.len() + n + 96).unwrap_or(u32::MAX)
+        let location = self.location().map_or(0, HeaderValue::len);
+        u32::try_from(key.len() + n + location + 96).unwrap_or(u32::MAX)
     }
 
     /// Negative answers are cached for a shorter time.
@@ -74,7 +129,7 @@ pub trait Answer: Clone + Send + Sync + 'static {
 /// Lastresort's lookup result: what S3 (or a cache of it) holds for a slug.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Found(Arc<Target>),
+    Found(Arc<Located<Target>>),
     /// No blob, but a tombstone: the link exists and is disabled or expired (410).
     Gone,
     Missing,
@@ -92,6 +147,20 @@ impl Answer for Outcome {
             Outcome::Missing => View::Missing,
         }
     }
+
+    fn location(&self) -> Option<&HeaderValue> {
+        match self {
+            Outcome::Found(t) => t.location(),
+            Outcome::Gone | Outcome::Missing => None,
+        }
+    }
+}
+
+impl Outcome {
+    /// A found target, its `Location` built once.
+    pub fn found(t: Target) -> Self {
+        Outcome::Found(Arc::new(Located::new(t)))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +175,12 @@ pub enum Decision {
 /// The decision. Expired ([`zlink_wire::link::is_expired`]) is 410 like disabled; a stored URL or code that cannot
 /// be sent is 500 (never a broken `Location`).
 pub fn decide(view: View<'_>, now_ms: i64) -> Decision {
+    decide_located(view, None, now_ms)
+}
+
+/// [`decide`] with the `Location` of the view's URL built ahead ([`Answer::location`]): the
+/// same decision, the header value cloned instead of built.
+pub fn decide_located(view: View<'_>, location: Option<&HeaderValue>, now_ms: i64) -> Decision {
     use crate::Reject;
     match view {
         View::Missing => Decision::Reject(Reject::NotFound),
@@ -114,7 +189,11 @@ pub fn decide(view: View<'_>, now_ms: i64) -> Decision {
             Decision::Reject(Reject::Gone)
         }
         View::Redirect { url, code, .. } => {
-            match (HeaderValue::from_str(url), StatusCode::from_u16(code)) {
+            let location = match location {
+                Some(l) => Ok(l.clone()),
+                None => HeaderValue::from_str(url).map_err(|_| ()),
+            };
+            match (location, StatusCode::from_u16(code)) {
                 (Ok(location), Ok(code)) if code.is_redirection() => {
                     Decision::Redirect { code, location }
                 }
@@ -173,6 +252,18 @@ mod tests {
                 prop_assert_eq!(location.as_bytes(), url.as_bytes());
                 prop_assert!(exp.is_none_or(|e| e > now));
             }
+        }
+
+        /// A `Location` built when the link was cached decides exactly what building it per
+        /// redirect does, for any URL (valid header value or not) and any code.
+        #[test]
+        fn a_location_built_ahead_decides_the_same(url in ".{0,64}|[ -~]{0,64}", code in 290u16..320, exp in proptest::option::of(0i64..10), now in 0i64..10) {
+            let cached = Outcome::found(Target { url: url.clone(), code, exp });
+            prop_assert_eq!(
+                decide_located(cached.view(), cached.location(), now),
+                decide(View::Redirect { url: &url, code, exp }, now)
+            );
+            prop_assert_eq!(cached.location().is_some(), HeaderValue::from_str(&url).is_ok());
         }
     }
 }

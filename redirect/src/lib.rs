@@ -26,7 +26,7 @@ pub mod hot;
 pub mod pipeline;
 pub mod serve;
 
-pub use decide::{decide, Answer, Decision, Target, View};
+pub use decide::{decide, Answer, Decision, Located, Target, Url, View};
 pub use error::{Reject, Resp};
 pub use pipeline::RedirectTier;
 pub use serve::Peer;

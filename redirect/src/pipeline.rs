@@ -16,7 +16,7 @@
 //! The whole request runs under the tier's deadline, below the nginx per-try timeout: a 503
 //! from here reaches nginx in time to try the next rung instead of nginx timing out on us.
 
-use crate::decide::{decide, Answer, Decision};
+use crate::decide::{decide_located, Answer, Decision};
 use crate::{Reject, Resp};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request};
@@ -117,7 +117,7 @@ async fn phases<T: RedirectTier, B: Sync>(
         }
     };
     let now = tier.now_ms();
-    let decision = decide(answer.view(), now);
+    let decision = decide_located(answer.view(), answer.location(), now);
     if decision == Decision::Reject(Reject::Internal) {
         tracing::error!(key = ?key, "stored link has an unusable url or code");
     }

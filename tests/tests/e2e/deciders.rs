@@ -12,7 +12,7 @@ use primary::cache::{CachedLink, Lookup};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
-use zlink_redirect::decide::{decide, Answer, Outcome};
+use zlink_redirect::decide::{decide_located, Answer, Located, Outcome};
 use zlink_redirect::pipeline::respond;
 use zlink_redirect::{Resp, Target};
 use zlink_store::Link;
@@ -27,8 +27,12 @@ fn primary_answer(link: &Link, now: i64) -> Resp {
         back.is_valid(),
         "primary would not trust its own value: {back:?}"
     );
-    let lookup = Lookup::Found(Arc::new(back));
-    respond(decide(lookup.view(), now), "primary", &cache_control())
+    let lookup = Lookup::Found(Arc::new(Located::new(back)));
+    respond(
+        decide_located(lookup.view(), lookup.location(), now),
+        "primary",
+        &cache_control(),
+    )
 }
 
 /// lastresort: what S3 holds for the row (replicated at `replicated_at`) → decision at `now`.
@@ -51,10 +55,14 @@ fn lastresort_answer(link: &Link, replicated_at: i64, now: i64) -> Resp {
             let json = serde_json::to_vec(&target).unwrap();
             let back: Target = serde_json::from_slice(&json).unwrap();
             assert!(back.is_valid(), "lastresort would not trust its own value");
-            Outcome::Found(Arc::new(back))
+            Outcome::found(back)
         }
     };
-    respond(decide(outcome.view(), now), "lastresort", &cache_control())
+    respond(
+        decide_located(outcome.view(), outcome.location(), now),
+        "lastresort",
+        &cache_control(),
+    )
 }
 
 fn cache_control() -> HeaderValue {
