@@ -192,7 +192,9 @@ impl<V: Answer> LocalCache<V> {
 
     /// The key's answer if this cache holds it (counted as answered by the local layer); no
     /// loader is built, nothing is loaded. This thread's front ([`crate::front`]) answers
-    /// first; moka's answer is kept there.
+    /// first; moka's answer is kept there. Moka's read runs boxed: its future is most of a
+    /// kilobyte, which every redirect's future would otherwise hold and move (memcpy) though
+    /// a hot key is answered by the front.
     pub async fn cached(&self, slug: &str) -> Option<V> {
         let now = Instant::now();
         let seen = self.front.seen(slug);
@@ -200,7 +202,7 @@ impl<V: Answer> LocalCache<V> {
             self.metrics.answered(layer::LOCAL);
             return Some(v);
         }
-        let s = self.cache.get(slug).await?;
+        let s = Box::pin(self.cache.get(slug)).await?;
         self.front.fill(slug, seen, &s, now);
         self.metrics.answered(layer::LOCAL);
         Some(s.value)
@@ -397,6 +399,21 @@ mod tests {
             .await
             .unwrap();
         layer
+    }
+
+    /// A read of the local cache is a small future (moka's read, most of a kilobyte, runs
+    /// boxed): every redirect's future holds it and hyper moves that with each request.
+    #[tokio::test]
+    async fn a_read_is_a_small_future() {
+        let c = local(Duration::from_secs(60), Duration::from_secs(1));
+        load(&c, "a", found("https://a.example/")).await;
+        let read = c.cached("a");
+        assert!(
+            std::mem::size_of_val(&read) <= 256,
+            "{}",
+            std::mem::size_of_val(&read)
+        );
+        assert_eq!(url_of(read.await).as_deref(), Some("https://a.example/"));
     }
 
     /// The front (read twice: moka's answer is kept there) answers exactly what the cache

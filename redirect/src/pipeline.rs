@@ -106,15 +106,12 @@ async fn phases<T: RedirectTier, B: Sync>(
     }
     let (answer, layer) = match tier.cached(key).await {
         Some(answer) => (answer, crate::layer::LOCAL),
-        None => {
-            if let Err(r) = tier.screen(slug).await {
-                return (r.into_response(), None);
-            }
-            match tier.lookup(key).await {
-                Ok(found) => found,
-                Err(r) => return (r.into_response(), None),
-            }
-        }
+        // The miss path runs boxed: its futures (the tier's client calls) are kilobytes that
+        // a hit would otherwise carry and move with the request's future.
+        None => match Box::pin(screen_and_look_up(tier, slug, key)).await {
+            Ok(found) => found,
+            Err(r) => return (r.into_response(), None),
+        },
     };
     let now = tier.now_ms();
     let decision = decide_located(answer.view(), answer.location(), now);
@@ -130,6 +127,16 @@ async fn phases<T: RedirectTier, B: Sync>(
         }
     }
     (resp, Some(layer))
+}
+
+/// Phases 2 and 3 for a key the tier's local cache does not hold.
+async fn screen_and_look_up<T: RedirectTier>(
+    tier: &T,
+    slug: &str,
+    key: &str,
+) -> Result<(T::Answer, &'static str), Reject> {
+    tier.screen(slug).await?;
+    tier.lookup(key).await
 }
 
 /// `x-zlink-tier`: which rung answered. A name built once (inserting the `&str` allocated a
@@ -163,4 +170,78 @@ pub async fn traced(
     let (resp, layer) = trace.run(std::pin::pin!(handler)).await;
     trace.finish(redirect, slug, layer, resp.status());
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::{Outcome, Target};
+    use zlink_wire::domain::Hosts;
+
+    /// A tier whose lookup future is as large as a real one with its client calls (16 KiB held
+    /// across an await), and whose local cache answers every key.
+    struct BigLookup {
+        hosts: Hosts,
+        cache_control: HeaderValue,
+        hit: Outcome,
+    }
+
+    impl RedirectTier for BigLookup {
+        const NAME: &'static str = "test";
+        type Answer = Outcome;
+        fn now_ms(&self) -> i64 {
+            0
+        }
+        fn cache_control(&self) -> &HeaderValue {
+            &self.cache_control
+        }
+        fn hosts(&self) -> &Hosts {
+            &self.hosts
+        }
+        async fn cached(&self, _key: &str) -> Option<Outcome> {
+            Some(self.hit.clone())
+        }
+        async fn lookup(&self, _key: &str) -> Result<(Outcome, &'static str), Reject> {
+            let held = [7u8; 16 * 1024];
+            tokio::task::yield_now().await;
+            Err(if std::hint::black_box(&held)[0] == 7 {
+                Reject::Unavailable
+            } else {
+                Reject::Internal
+            })
+        }
+        fn click<B>(&self, _: &Request<B>, _: &str, _: i64) -> Option<uuid::Uuid> {
+            None
+        }
+    }
+
+    /// A hit neither builds nor carries the miss path's futures: the redirect's future (which
+    /// hyper moves with every request) stays small however large the tier's lookup is.
+    #[tokio::test]
+    async fn a_hits_future_does_not_carry_the_lookups() {
+        let tier = BigLookup {
+            hosts: Hosts::new(["s.test"]),
+            cache_control: HeaderValue::from_static("max-age=60"),
+            hit: Outcome::found(Target {
+                url: "https://example.com/".into(),
+                code: 302,
+                exp: None,
+            }),
+        };
+        let req = Request::builder()
+            .uri("/abc")
+            .header(header::HOST, "s.test")
+            .body(())
+            .unwrap();
+        let fut = answer(&tier, &req, "abc");
+        assert!(
+            std::mem::size_of_val(&fut) < 2048,
+            "{}",
+            std::mem::size_of_val(&fut)
+        );
+        let (resp, layer) = fut.await;
+        assert_eq!(resp.status(), http::StatusCode::FOUND);
+        assert_eq!(resp.headers()[header::LOCATION], "https://example.com/");
+        assert_eq!(layer, Some(crate::layer::LOCAL));
+    }
 }
