@@ -60,6 +60,11 @@ impl RedirectTier for State {
         &self.hosts
     }
 
+    /// The fresh cache's answer, if it holds one (the hot path: no loader, no timer).
+    async fn cached(&self, key: &str) -> Option<Outcome> {
+        self.lookup.cached(key).await
+    }
+
     /// Fresh cache → memcached-lr → S3 (stale entries while S3 is down); with none of them,
     /// a fast 503 so the nginx in front moves to the next rung.
     async fn lookup(&self, key: &str) -> Result<(Outcome, &'static str), Reject> {

@@ -182,6 +182,11 @@ impl Resolver {
         }
     }
 
+    /// The fresh cache's answer for `slug` if it holds one (nothing loaded).
+    pub async fn cached(&self, slug: &str) -> Option<Outcome> {
+        self.fresh.cached(slug).await.map(|f| f.outcome)
+    }
+
     /// The answer and the layer that gave it (`local`, `memcached`, `s3`, `stale`).
     pub async fn resolve(&self, slug: &str) -> Result<(Outcome, &'static str), Unavailable> {
         let cell = LayerCell::default();

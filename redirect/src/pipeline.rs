@@ -13,8 +13,10 @@
 //! 6. **emit the click** (GET only, not for a canary link, never awaited by the answer beyond
 //!    an in-memory hand-off): its id in `x-zlink-click-id`.
 //!
-//! The whole request runs under the tier's deadline, below the nginx per-try timeout: a 503
-//! from here reaches nginx in time to try the next rung instead of nginx timing out on us.
+//! The tier's deadline, below the nginx per-try timeout, counts from the request's start and
+//! bounds phases 2 and 3 (the only ones that wait on anything outside the process): a 503 from
+//! here reaches nginx in time to try the next rung instead of nginx timing out on us. A hit of
+//! the local cache waits on nothing, so it arms no timer.
 
 use crate::decide::{decide_located, Answer, Decision};
 use crate::{Reject, Resp};
@@ -45,7 +47,8 @@ pub trait RedirectTier: Send + Sync + 'static {
     fn cache_control(&self) -> &HeaderValue;
     /// The default domain's host names (every other name is a branded domain).
     fn hosts(&self) -> &Hosts;
-    /// The whole redirect's deadline, if the tier has one.
+    /// The redirect's deadline from its start (bounding the screen and the lookup), if the
+    /// tier has one.
     fn deadline(&self) -> Option<Duration> {
         None
     }
@@ -84,12 +87,9 @@ pub async fn answer<T: RedirectTier, B: Sync>(tier: &T, req: &Request<B>, slug: 
         .get(header::HOST)
         .and_then(|h| h.to_str().ok());
     let key = tier.hosts().key_of(host, slug);
-    let (resp, layer) = match (&key, tier.deadline()) {
-        (None, _) => (Reject::NotFound.into_response(), None),
-        (Some(key), Some(d)) => tokio::time::timeout(d, phases(tier, req, slug, key))
-            .await
-            .unwrap_or_else(|_| (Reject::Timeout.into_response(), None)),
-        (Some(key), None) => phases(tier, req, slug, key).await,
+    let (resp, layer) = match &key {
+        None => (Reject::NotFound.into_response(), None),
+        Some(key) => phases(tier, req, slug, key, started).await,
     };
     tier.done(key.as_deref(), &resp, started.elapsed());
     (resp, layer)
@@ -100,6 +100,7 @@ async fn phases<T: RedirectTier, B: Sync>(
     req: &Request<B>,
     slug: &str,
     key: &str,
+    started: Instant,
 ) -> Answered {
     if !slug::is_valid_slug(slug) {
         return (Reject::NotFound.into_response(), None);
@@ -108,7 +109,7 @@ async fn phases<T: RedirectTier, B: Sync>(
         Some(answer) => (answer, crate::layer::LOCAL),
         // The miss path runs boxed: its futures (the tier's client calls) are kilobytes that
         // a hit would otherwise carry and move with the request's future.
-        None => match Box::pin(screen_and_look_up(tier, slug, key)).await {
+        None => match Box::pin(screen_and_look_up(tier, slug, key, started)).await {
             Ok(found) => found,
             Err(r) => return (r.into_response(), None),
         },
@@ -129,14 +130,24 @@ async fn phases<T: RedirectTier, B: Sync>(
     (resp, Some(layer))
 }
 
-/// Phases 2 and 3 for a key the tier's local cache does not hold.
+/// Phases 2 and 3 for a key the tier's local cache does not hold, under the tier's deadline
+/// from the request's start (`started`).
 async fn screen_and_look_up<T: RedirectTier>(
     tier: &T,
     slug: &str,
     key: &str,
+    started: Instant,
 ) -> Result<(T::Answer, &'static str), Reject> {
-    tier.screen(slug).await?;
-    tier.lookup(key).await
+    let miss = async {
+        tier.screen(slug).await?;
+        tier.lookup(key).await
+    };
+    match tier.deadline() {
+        Some(d) => tokio::time::timeout_at((started + d).into(), miss)
+            .await
+            .unwrap_or(Err(Reject::Timeout)),
+        None => miss.await,
+    }
 }
 
 /// `x-zlink-tier`: which rung answered. A name built once (inserting the `&str` allocated a
@@ -179,11 +190,30 @@ mod tests {
     use zlink_wire::domain::Hosts;
 
     /// A tier whose lookup future is as large as a real one with its client calls (16 KiB held
-    /// across an await), and whose local cache answers every key.
+    /// across an await) and never ends (a hung dependency), and whose local cache answers every
+    /// key when it has a `hit`.
     struct BigLookup {
         hosts: Hosts,
         cache_control: HeaderValue,
-        hit: Outcome,
+        hit: Option<Outcome>,
+        deadline: Option<Duration>,
+    }
+
+    fn tier(hit: Option<Outcome>, deadline: Option<Duration>) -> BigLookup {
+        BigLookup {
+            hosts: Hosts::new(["s.test"]),
+            cache_control: HeaderValue::from_static("max-age=60"),
+            hit,
+            deadline,
+        }
+    }
+
+    fn get(slug: &str) -> Request<()> {
+        Request::builder()
+            .uri(format!("/{slug}"))
+            .header(header::HOST, "s.test")
+            .body(())
+            .unwrap()
     }
 
     impl RedirectTier for BigLookup {
@@ -198,12 +228,15 @@ mod tests {
         fn hosts(&self) -> &Hosts {
             &self.hosts
         }
+        fn deadline(&self) -> Option<Duration> {
+            self.deadline
+        }
         async fn cached(&self, _key: &str) -> Option<Outcome> {
-            Some(self.hit.clone())
+            self.hit.clone()
         }
         async fn lookup(&self, _key: &str) -> Result<(Outcome, &'static str), Reject> {
             let held = [7u8; 16 * 1024];
-            tokio::task::yield_now().await;
+            std::future::pending::<()>().await;
             Err(if std::hint::black_box(&held)[0] == 7 {
                 Reject::Unavailable
             } else {
@@ -219,21 +252,14 @@ mod tests {
     /// hyper moves with every request) stays small however large the tier's lookup is.
     #[tokio::test]
     async fn a_hits_future_does_not_carry_the_lookups() {
-        let tier = BigLookup {
-            hosts: Hosts::new(["s.test"]),
-            cache_control: HeaderValue::from_static("max-age=60"),
-            hit: Outcome::found(Target {
-                url: "https://example.com/".into(),
-                code: 302,
-                exp: None,
-            }),
-        };
-        let req = Request::builder()
-            .uri("/abc")
-            .header(header::HOST, "s.test")
-            .body(())
-            .unwrap();
-        let fut = answer(&tier, &req, "abc");
+        let hit = Outcome::found(Target {
+            url: "https://example.com/".into(),
+            code: 302,
+            exp: None,
+        });
+        let hot = tier(Some(hit), Some(Duration::from_millis(50)));
+        let req = get("abc");
+        let fut = answer(&hot, &req, "abc");
         assert!(
             std::mem::size_of_val(&fut) < 2048,
             "{}",
@@ -243,5 +269,23 @@ mod tests {
         assert_eq!(resp.status(), http::StatusCode::FOUND);
         assert_eq!(resp.headers()[header::LOCATION], "https://example.com/");
         assert_eq!(layer, Some(crate::layer::LOCAL));
+    }
+
+    /// A lookup that never ends is cut at the tier's deadline (a 503 the nginx in front retries
+    /// on the next rung); without a deadline the tier waits, as lastresort does on its S3
+    /// budget.
+    #[tokio::test]
+    async fn a_hung_lookup_ends_at_the_deadline() {
+        let hasty = tier(None, Some(Duration::from_millis(50)));
+        let (resp, layer) = answer(&hasty, &get("abc"), "abc").await;
+        assert_eq!(resp.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(layer, None);
+        let patient = tier(None, None);
+        let waited = tokio::time::timeout(
+            Duration::from_millis(200),
+            answer(&patient, &get("abc"), "abc"),
+        )
+        .await;
+        assert!(waited.is_err(), "no deadline: the lookup is awaited");
     }
 }
