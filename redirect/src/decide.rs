@@ -61,10 +61,6 @@ impl<T> Located<T> {
     pub fn location(&self) -> Option<&HeaderValue> {
         self.location.as_ref()
     }
-
-    pub fn link(&self) -> &T {
-        &self.link
-    }
 }
 
 impl<T> std::ops::Deref for Located<T> {
