@@ -201,10 +201,10 @@ impl Shaper {
         }
         // By partition, then spool order (the index): no allocation, unlike a stable sort.
         self.order.sort_unstable();
-        // Each message: its partition, its first click's event and key, its range in `buf`.
+        // Each message: its partition, its first click's key, where its value starts in `buf`.
         struct Cut<'a> {
             partition: i32,
-            first: (&'a [u8], &'a [u8]),
+            key: &'a [u8],
             at: usize,
             clicks: usize,
         }
@@ -226,7 +226,7 @@ impl Shaper {
                 }
                 _ => cuts.push(Cut {
                     partition: p,
-                    first: (key, value),
+                    key,
                     at: self.buf.len(),
                     clicks: 1,
                 }),
@@ -236,15 +236,11 @@ impl Shaper {
         let buf: &'a [u8] = &self.buf;
         for (n, c) in cuts.iter().enumerate() {
             let end = cuts.get(n + 1).map_or(buf.len(), |next| next.at);
-            let (key, value) = if c.clicks == 1 {
-                (Some(c.first.0), c.first.1)
-            } else {
-                (None, &buf[c.at..end])
-            };
             out.push(Outgoing {
                 partition: Some(c.partition),
-                key,
-                value,
+                // A message of one click is that click keyed (its value is the event itself).
+                key: (c.clicks == 1).then_some(c.key),
+                value: &buf[c.at..end],
                 traceparent: None,
                 clicks: c.clicks,
             });
