@@ -102,6 +102,20 @@ bench_clicks_restore() {
   if [[ "$1" == 1 ]] && ! zl_pid clicks >/dev/null; then { zl_start clicks && zl_wait_ready clicks; } >/dev/null 2>&1 || true; fi
 }
 
+# bench_topology_pids: the pid of every running component of the topology.
+bench_topology_pids() {
+  local c pid
+  for c in $(zl_components); do pid="$(zl_pid "$c")" && echo "$pid"; done
+}
+
+# bench_cpu_ticks PID: the process's user + system CPU so far in clock ticks, its threads that
+# already exited included (/proc/PID/stat, read after the command name, which may hold spaces).
+bench_cpu_ticks() {
+  local f
+  read -r -a f < <(sed 's/^.*) //' "/proc/$1/stat")
+  echo $((f[11] + f[12]))
+}
+
 # bench_pin CPUS PID...: every thread of each process (and of its children) onto CPUS; never
 # fails (a process may be gone).
 bench_pin() {
