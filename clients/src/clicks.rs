@@ -28,21 +28,24 @@ const MAX_REFERRER: usize = 1024;
 const MAX_USER_AGENT: usize = 512;
 /// The most clicks the replayer reads and sends as one batch, and the most bytes (a batch of
 /// half as many bytes counts as full too: the next is read at once). Sized so that one
-/// [`LINGER`] round holds every click of a hot tier (4,096 a round is 80,000 a second): a
+/// round ([`DEFAULT_LINGER_MS`]) holds every click of a hot tier (4,096 a round is 80,000 a second): a
 /// full batch goes back to back with the next, and every batch costs Kafka requests,
 /// compression contexts, acknowledgements and a commit whatever it holds (at 1,000 a batch,
 /// 35-40 batches a second at a pinned tier's rate).
 const BATCH_RECORDS: usize = 4096;
 const BATCH_BYTES: usize = 2 << 20;
-/// The replayer's round: after a batch that was not full it waits until this long after that
-/// batch was read (and after the spool ran empty, this long once clicks arrive), so while
-/// clicks flow each process sends Kafka at most one produce request per round and per
-/// partition, with as many clicks as arrived meanwhile. Much of the broker's CPU per click is
-/// per request: with every little batch sent at once, back to back, Kafka spent 4.0-5.2 µs of
-/// CPU per click of a hot primary or lastresort run; paced, 2.1-3.7 µs (2026-11-25, same
-/// topology, wrk -t2 -c16 over 1,000 links). Clicks reach Kafka up to one round later, which
-/// nothing downstream notices.
-const LINGER: Duration = Duration::from_millis(50);
+/// The replayer's round by default (`--clicks-linger-ms`): after a batch that was not full it
+/// waits until this long after that batch was read (and after the spool ran empty, this long
+/// once clicks arrive), so while clicks flow each process sends Kafka at most one produce
+/// request per round and per partition, with as many clicks as arrived meanwhile. Much of the
+/// broker's CPU per click is per request: with every little batch sent at once, back to back,
+/// Kafka spent 4.0-5.2 µs of CPU per click of a hot primary or lastresort run; paced, 2.1-3.7
+/// µs (2026-11-25, same topology, wrk -t2 -c16 over 1,000 links). The tier's own CPU per click
+/// is largely per round too (a read, a produce request per partition with its compression
+/// context, acknowledgements, wake-ups of the replayer's and librdkafka's threads): see
+/// docs/performance-notebook.md, 2026-12-05. Clicks reach Kafka up to one round later, which
+/// nothing downstream notices; the spool's fsync, not the round, bounds what a crash loses.
+pub const DEFAULT_LINGER_MS: u64 = 200;
 /// How often, at most, the replayer writes its spool position while clicks keep coming (two
 /// fsyncs each: at 100 ms they were 1.5% of a pinned primary's CPU at 42k redirects/s; a crash
 /// re-sends at most this much more, same ids, counted once).
@@ -79,6 +82,10 @@ pub struct ClickArgs {
     /// How long the replayer's producer retries one batch before backing off, milliseconds.
     #[arg(long, env = "ZLINK_CLICKS_TIMEOUT_MS", default_value_t = 10_000)]
     pub clicks_timeout_ms: u64,
+    /// The replayer's round, milliseconds: while clicks trickle in, at most one batch is sent
+    /// per round (see [`DEFAULT_LINGER_MS`]); a full batch goes at once.
+    #[arg(long, env = "ZLINK_CLICKS_LINGER_MS", default_value_t = DEFAULT_LINGER_MS)]
+    pub clicks_linger_ms: u64,
     /// Salt for hashing client IPs in click events: one secret for every tier, so the same
     /// visitor hashes the same on primary and lastresort.
     #[arg(
@@ -144,6 +151,9 @@ impl ClickArgs {
         }
         if !(100..=300_000).contains(&self.clicks_timeout_ms) {
             return Err("--clicks-timeout-ms must be between 100 and 300000".into());
+        }
+        if !(1..=5_000).contains(&self.clicks_linger_ms) {
+            return Err("--clicks-linger-ms must be between 1 and 5000".into());
         }
         self.kafka_tls.validate()
     }
@@ -227,7 +237,7 @@ impl TrustedProxies {
     /// including a tier that finishes it late after the proxy already failed over.
     pub fn origin(&self, peer: IpAddr, headers: &HeaderMap, now_ms: i64) -> Origin {
         let mut o = Origin {
-            id: Uuid::now_v7(),
+            id: click_id(now_ms),
             at_ms: now_ms,
             client: peer,
         };
@@ -270,6 +280,17 @@ impl TrustedProxies {
 
 /// Loopback only: the local topology's nginx tiers.
 pub const DEFAULT_TRUSTED_PROXIES: &str = "127.0.0.0/8,::1/128";
+
+/// A fresh click id: a UUIDv7 (RFC 9562) of `now_ms`, the time the redirect already read, and
+/// 74 random bits from the thread's generator. `Uuid::now_v7` read the clock again and went
+/// through a process-wide context for a sub-millisecond counter (0.07 µs of a redirect, perf
+/// 2026-12-05); nothing orders clicks by id within a millisecond (the counter deduplicates on
+/// the whole id), and 74 random bits keep a collision within one millisecond out of reach.
+pub fn click_id(now_ms: i64) -> Uuid {
+    let random: [u8; 10] = rand::random();
+    uuid::Builder::from_unix_timestamp_millis(u64::try_from(now_ms).unwrap_or(0), &random)
+        .into_uuid()
+}
 
 /// A click's identity, time and client (see [`TrustedProxies::origin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

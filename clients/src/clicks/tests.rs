@@ -77,6 +77,24 @@ fn origin_comes_from_a_trusted_proxy_only() {
 }
 
 #[test]
+fn a_minted_click_id_is_a_v7_uuid_of_the_redirects_time() {
+    let now = 1_795_328_182_123;
+    let ids: Vec<Uuid> = (0..1000).map(|_| click_id(now)).collect();
+    for id in &ids {
+        assert_eq!(id.get_version(), Some(uuid::Version::SortRand));
+        assert_eq!(id.get_variant(), uuid::Variant::RFC4122);
+        let (secs, nanos) = id.get_timestamp().expect("a v7 id has a time").to_unix();
+        assert_eq!(secs * 1000 + u64::from(nanos) / 1_000_000, now as u64);
+    }
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len(), "ids of one millisecond differ");
+    // The id a redirect mints without a trusted proxy is this kind.
+    let o = trusted().origin(ip("198.51.100.1"), &HeaderMap::new(), now);
+    assert_eq!(o.id.get_version(), Some(uuid::Version::SortRand));
+    assert_eq!(o.id.get_timestamp().unwrap().to_unix().0, 1_795_328_182);
+}
+
+#[test]
 fn head_is_not_a_click() {
     assert!(is_click(&http::Method::GET));
     assert!(!is_click(&http::Method::HEAD));

@@ -214,18 +214,25 @@ impl Reader {
         self.persist()
     }
 
-    /// Like [`Self::commit`], but the position reaches the disk only if the last durable write
-    /// is `min_interval` old or segments can be deleted; [`Self::persist`] forces it (when
-    /// idle, on shutdown). Blocking file I/O when it writes.
+    /// Like [`Self::commit`], but the position reaches the disk only if
+    /// [`Self::persist_due`]; [`Self::persist`] forces it (when idle, on shutdown). Blocking
+    /// file I/O when it writes.
     pub fn commit_relaxed(&mut self, batch: &Batch, min_interval: Duration) -> io::Result<()> {
         self.advance(batch);
-        if self.committed.segment > self.durable.segment
-            || self.durable_at.elapsed() >= min_interval
-        {
+        if self.persist_due(min_interval) {
             self.persist()
         } else {
             Ok(())
         }
+    }
+
+    /// Whether a relaxed commit writes the position now: segments can be deleted, or the last
+    /// durable write is `min_interval` old (and the position moved since). Without I/O: a caller
+    /// that must not block checks this first and does the write elsewhere.
+    pub fn persist_due(&self, min_interval: Duration) -> bool {
+        self.unpersisted()
+            && (self.committed.segment > self.durable.segment
+                || self.durable_at.elapsed() >= min_interval)
     }
 
     /// Whether the committed position is ahead of the one on disk.
@@ -254,7 +261,8 @@ impl Reader {
     }
 
     /// Moves the committed position (in memory) to `batch.end` and counts its records done.
-    fn advance(&mut self, batch: &Batch) {
+    /// Nothing reaches the disk until [`Self::persist`].
+    pub fn advance(&mut self, batch: &Batch) {
         let Some(end) = batch.end else { return };
         if end <= self.committed {
             return;

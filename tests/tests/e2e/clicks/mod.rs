@@ -350,6 +350,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
         clicks_topic: topic.clone(),
         clicks_message_bytes: 256 * 1024,
         clicks_timeout_ms: 1000,
+        clicks_linger_ms: zlink_clients::clicks::DEFAULT_LINGER_MS,
         ip_hash_salt: zlink_clients::Secret("salt-of-sixteen-bytes".into()),
         trusted_proxies: zlink_clients::clicks::DEFAULT_TRUSTED_PROXIES
             .parse()
