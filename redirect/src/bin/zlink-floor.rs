@@ -6,10 +6,17 @@
 //! - `bare`: hyper's HTTP/1.1 connection with its defaults, one task per connection, what a
 //!   person comparing servers would write;
 //! - `kit`: the tiers' own accept loop ([`zlink_redirect::serve::serve`]: header read
-//!   deadline, connection slots, peer address, drain) around the same fixed answer.
+//!   deadline, connection slots, peer address, drain) around the same fixed answer;
+//! - `click`: `bare`, and every GET also records the tiers' click
+//!   ([`zlink_clients::clicks::Clicks::record`]: the event, the spool append, its fsync thread,
+//!   the replayer and its producer to Kafka) and answers with its id, as a tier's ordinary
+//!   redirect does. What a server that answers and records the spec's durable click costs at
+//!   the least, with none of a tier's lookup, caches, metrics or traces. Configured as the
+//!   tiers' clicks are (`ZLINK_KAFKA`, `ZLINK_SPOOL_DIR`, `ZLINK_IP_HASH_SALT`, every
+//!   `ZLINK_SPOOL_*`/`ZLINK_CLICKS_*`), the clicks' link from `ZLINK_FLOOR_SLUG`.
 //!
 //! ```text
-//! zlink-floor LISTEN [bare|kit] [WORKER_THREADS]
+//! zlink-floor LISTEN [bare|kit|click] [WORKER_THREADS]
 //! ```
 //!
 //! `ZLINK_FLOOR_SPIN_NS=N` makes every answer first spin N ns in user space: a floor as slow
@@ -20,13 +27,18 @@
 //! `deploy/local/bench-cores` builds and runs it; it is no part of any deployment.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use zlink_clients::clicks::{self, ClickArgs, ClickMetrics, Clicks};
+use zlink_clients::geo::Geo;
+use zlink_wire::events::Tier;
 
 fn answer() -> Response<Full<Bytes>> {
     spin();
@@ -78,6 +90,58 @@ async fn bare(listener: TcpListener) {
     }
 }
 
+/// The tiers' click settings, from their environment variables.
+#[derive(clap::Parser)]
+struct ClickEnv {
+    #[command(flatten)]
+    clicks: ClickArgs,
+}
+
+fn start_clicks() -> Result<(Arc<Clicks>, String), String> {
+    use clap::Parser;
+    let env = ClickEnv::try_parse_from(["zlink-floor"]).map_err(|e| e.to_string())?;
+    let brokers = std::env::var("ZLINK_KAFKA").map_err(|_| "ZLINK_KAFKA is not set")?;
+    let slug = std::env::var("ZLINK_FLOOR_SLUG").map_err(|_| "ZLINK_FLOOR_SLUG is not set")?;
+    let metrics = ClickMetrics::register(&prometheus::Registry::new())
+        .map_err(|e| format!("click metrics: {e}"))?;
+    let clicks = Clicks::start(&env.clicks, &brokers, Tier::Primary, "floor", metrics)?;
+    Ok((clicks, slug))
+}
+
+async fn click(listener: TcpListener, clicks: Arc<Clicks>, slug: String) {
+    let geo = Geo::none();
+    let slug: Arc<str> = slug.into();
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (clicks, geo, slug) = (clicks.clone(), geo.clone(), slug.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let mut resp = answer();
+                if clicks::is_click(req.method()) {
+                    let now = zlink_clients::now_ms();
+                    if let Some(id) =
+                        clicks.record(&slug, now, peer.ip(), req.headers(), None, &geo)
+                    {
+                        resp.headers_mut()
+                            .insert(clicks::CLICK_ID, clicks::click_id_value(id));
+                    }
+                }
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
 async fn kit(listener: TcpListener) {
     let registry = prometheus::Registry::new();
     let conns = zlink_redirect::serve::Connections {
@@ -97,7 +161,7 @@ async fn kit(listener: TcpListener) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: zlink-floor LISTEN [bare|kit] [WORKER_THREADS]";
+    let usage = "usage: zlink-floor LISTEN [bare|kit|click] [WORKER_THREADS]";
     let Some(listen) = args.first() else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -111,7 +175,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if !matches!(mode, "bare" | "kit") {
+    if !matches!(mode, "bare" | "kit" | "click") {
         eprintln!("{usage}");
         std::process::exit(2);
     }
@@ -127,6 +191,13 @@ fn main() {
         eprintln!("zlink-floor: {mode} on {listen}, {workers} worker threads (0: one per CPU)");
         match mode {
             "bare" => bare(listener).await,
+            "click" => match start_clicks() {
+                Ok((clicks, slug)) => click(listener, clicks, slug).await,
+                Err(e) => {
+                    eprintln!("zlink-floor: click mode: {e}");
+                    std::process::exit(2);
+                }
+            },
             _ => kit(listener).await,
         }
     });
