@@ -32,9 +32,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use zlink_clients::clicks::{self, ClickArgs, ClickMetrics, Clicks};
 use zlink_clients::geo::Geo;
@@ -71,9 +72,11 @@ fn spin() {
     }
 }
 
-async fn bare(listener: TcpListener) {
+/// Accepts connections for ever (a failed accept waits 20 ms), each with `TCP_NODELAY`, and
+/// hands each to `conn` with its peer's address.
+async fn accept_each(listener: TcpListener, mut conn: impl FnMut(TcpStream, SocketAddr)) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -81,13 +84,20 @@ async fn bare(listener: TcpListener) {
             }
         };
         let _ = stream.set_nodelay(true);
+        conn(stream, peer);
+    }
+}
+
+async fn bare(listener: TcpListener) {
+    accept_each(listener, |stream, _| {
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(|_req| async { Ok::<_, Infallible>(answer()) });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
-    }
+    })
+    .await
 }
 
 /// The tiers' click settings, from their environment variables.
@@ -111,15 +121,7 @@ fn start_clicks() -> Result<(Arc<Clicks>, String), String> {
 async fn click(listener: TcpListener, clicks: Arc<Clicks>, slug: String) {
     let geo = Geo::none();
     let slug: Arc<str> = slug.into();
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => c,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
+    accept_each(listener, |stream, peer| {
         let (clicks, geo, slug) = (clicks.clone(), geo.clone(), slug.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -139,7 +141,8 @@ async fn click(listener: TcpListener, clicks: Arc<Clicks>, slug: String) {
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
-    }
+    })
+    .await
 }
 
 async fn kit(listener: TcpListener) {
