@@ -41,6 +41,18 @@ pub struct CountConfig {
     /// How long a batch waits for more messages after its first, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub batch_wait_ms: u64,
+    /// How long the counts of a batch may wait in memory for those of the batches after it,
+    /// milliseconds: everything counted within a window is written in one flush, each (link,
+    /// day) once however many of its clicks the window held, and only then are the window's
+    /// offsets committed. So the store's writes follow the (link, day)s clicked in a window, not
+    /// the clicks; the stats run up to this much later (the spec allows 60 s), and a crash
+    /// counts up to a window again (from Kafka, exactly once). 0: each batch is written alone.
+    #[arg(long, env = "ZLINK_CLICKS_FLUSH_MS", default_value_t = 5_000)]
+    pub flush_ms: u64,
+    /// Most clicks a window holds before it is flushed early: a window holds each click's id
+    /// and time (about 40 bytes) beside the (link, day) states it changed.
+    #[arg(long, default_value_t = 500_000)]
+    pub flush_clicks: u64,
     /// Store round trips in flight at once, per source (partition of the topic).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -59,7 +71,7 @@ pub struct CountConfig {
     /// session is not taken for a stall.
     #[arg(long, env = "ZLINK_CONSUMER_STALL_SECS", default_value_t = 45)]
     pub consumer_stall_secs: u64,
-    /// Fault injection for tests and drills: abort the process after the N-th batch was counted
+    /// Fault injection for tests and drills: abort the process after the N-th flush was written
     /// and before its offsets are stored (a crash at the worst moment).
     #[arg(long, hide = true)]
     pub failpoint_abort_after_batches: Option<u64>,
@@ -89,6 +101,12 @@ impl CountConfig {
         }
         if self.batch_wait_ms > 10_000 {
             return Err("--batch-wait-ms must be at most 10000".into());
+        }
+        if self.flush_ms > 30_000 {
+            return Err("--flush-ms must be at most 30000 (stats stale by under a minute)".into());
+        }
+        if !(1..=5_000_000).contains(&self.flush_clicks) {
+            return Err("--flush-clicks must be between 1 and 5000000".into());
         }
         if !(5..=3600).contains(&self.consumer_stall_secs) {
             return Err("--consumer-stall-secs must be between 5 and 3600".into());

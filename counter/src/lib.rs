@@ -3,10 +3,11 @@
 //!
 //! Loop: take whole messages until they hold `--batch-max` clicks (a message holds one or more,
 //! one per line) or `--batch-wait-ms` passed, split them by source (partition of the topic),
-//! count each source's part with its [`SourceCounter`] (the sources at the same time; see
-//! [`zlink_store::clicks`] for why each click is counted once), and only then store the
-//! batch's offsets for librdkafka's auto-commit. A crash anywhere re-delivers at most the
-//! uncommitted batches, and counting them again changes nothing. A consumer that stalls
+//! decide each source's part in memory with its [`SourceCounter`] (the sources at the same
+//! time; see [`zlink_store::clicks`] for why each click is counted once) and hold it; once the
+//! window is `--flush-ms` old (or holds `--flush-clicks`), write every source's window at once,
+//! and only then store the window's offsets for librdkafka's auto-commit. A crash anywhere
+//! re-delivers at most the uncommitted window, and counting it again changes nothing. A consumer that stalls
 //! (clicks wait, none arrive, no batch is being counted) is replaced by a fresh one
 //! ([`kafka::StallWatch`]), and the sources start over.
 
@@ -214,12 +215,21 @@ impl App {
     }
 
     /// The next batch: blocks for the first message, then takes what arrives within the wait.
-    /// `None` at shutdown, or when the consumer failed fatally (it is then replaced).
+    /// An empty batch when `flush_at` comes first (and the batch ends there too); `None` at
+    /// shutdown, or when the consumer failed fatally (it is then replaced).
     async fn next_batch(
         &self,
         consumer: &ClosingConsumer,
         shutdown: &CancellationToken,
+        flush_at: Option<tokio::time::Instant>,
     ) -> Option<Vec<OwnedMessage>> {
+        let flush_due = async {
+            match flush_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(flush_due);
         let mut batch = Vec::new();
         // Clicks in the batch: a message holds one per line.
         let clicks = |m: &OwnedMessage| {
@@ -231,6 +241,7 @@ impl App {
         loop {
             let m = tokio::select! {
                 _ = shutdown.cancelled() => return None,
+                _ = &mut flush_due => return Some(batch),
                 m = consumer.recv() => m,
             };
             match m {
@@ -253,7 +264,11 @@ impl App {
                 }
             }
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.cfg.batch_wait_ms);
+        let mut deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.cfg.batch_wait_ms);
+        if let Some(at) = flush_at {
+            deadline = deadline.min(at);
+        }
         while held < self.cfg.batch_max {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
@@ -285,56 +300,54 @@ impl App {
     /// One consumer's loop, until `shutdown`. Its sources start empty: they read their state
     /// from the store as they first see a batch.
     async fn consume(self: &Arc<Self>, consumer: &ClosingConsumer, shutdown: &CancellationToken) {
-        let mut batches = 0u64;
+        let mut flushes = 0u64;
         let mut sources: HashMap<String, SourceCounter> = HashMap::new();
-        while let Some(batch) = self.next_batch(consumer, shutdown).await {
-            let _busy = self.activity.begin();
-            let now = now_ms();
-            let mut parts: HashMap<(String, i32), Part> = HashMap::new();
-            for m in &batch {
-                let part = parts
-                    .entry((m.topic().to_string(), m.partition()))
-                    .or_insert_with(|| Part {
-                        first: m.offset(),
-                        last: m.offset(),
-                        events: Vec::new(),
-                    });
-                part.last = m.offset();
-                // The clicks of one message share its offset (see SourceState::plan).
-                for decoded in decode_all(m.payload(), now) {
-                    match decoded {
-                        // A canary's redirect is not a click (zlink_wire::canary); none should
-                        // arrive, and one that does is not counted.
-                        Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
-                            self.metrics.events.with_label_values(&["canary"]).inc();
-                        }
-                        Ok(ev) => part.events.push((m.offset(), ev)),
-                        Err(reason) => {
-                            self.metrics.events.with_label_values(&["invalid"]).inc();
-                            tracing::warn!(
-                                partition = m.partition(),
-                                offset = m.offset(),
-                                reason,
-                                "skipping a click that is not a valid event"
-                            );
-                        }
-                    }
+        let mut window = Window::default();
+        loop {
+            let flush_at = window
+                .opened
+                .map(|t| t + Duration::from_millis(self.cfg.flush_ms));
+            let Some(batch) = self
+                .next_batch(consumer, shutdown, flush_at.map(Into::into))
+                .await
+            else {
+                // Shutting down, or the consumer is to be replaced: what was folded is written
+                // if the store takes it at once (tried once, not retried), and its offsets stored
+                // for the final commit; else it stays uncommitted and is counted by whoever
+                // comes next.
+                if !window.offsets.is_empty()
+                    && self.flush_all(&mut sources, shutdown).await.is_some()
+                {
+                    self.window_done(consumer, &mut window);
                 }
+                return;
+            };
+            if !batch.is_empty() {
+                let _busy = self.activity.begin();
+                let parts = self.decode_batch(batch, &mut window);
+                let Some(c) = self.fold_all(&mut sources, parts, shutdown).await else {
+                    return; // shutting down: the window stays uncommitted
+                };
+                window.counted.counted += c.counted;
+                window.counted.duplicates += c.duplicates;
+                window.counted.redelivered += c.redelivered;
             }
-            let offsets: Vec<(String, i32, i64)> = parts
-                .iter()
-                .map(|((t, p), part)| (t.clone(), *p, part.last))
-                .collect();
-            // The payloads are decoded: held through the counting they would double a large
-            // batch's memory.
-            drop(batch);
-            if !self.count_all(&mut sources, parts, shutdown).await {
-                return; // shutting down: the batch stays uncommitted and is counted by whoever comes next
+            let due = window.opened.is_some_and(|t| {
+                t.elapsed() >= Duration::from_millis(self.cfg.flush_ms)
+                    || window.clicks >= self.cfg.flush_clicks
+                    || sources.values().any(SourceCounter::over_limits)
+            });
+            if !due {
+                continue;
+            }
+            let _busy = self.activity.begin();
+            if self.flush_all(&mut sources, shutdown).await.is_none() {
+                return; // shutting down: the window stays uncommitted
             }
             // A partition that went to another member (or went quiet) gives its memory back;
             // if it comes back, its state is read again.
             sources.retain(|_, c| c.idle_for() < SOURCE_IDLE);
-            batches += 1;
+            flushes += 1;
             self.metrics.batches.inc();
             let (keys, ids) = sources
                 .values()
@@ -348,53 +361,160 @@ impl App {
                 .held
                 .with_label_values(&["ids"])
                 .set(ids as i64);
-            if self.cfg.failpoint_abort_after_batches == Some(batches) {
+            if self.cfg.failpoint_abort_after_batches == Some(flushes) {
                 tracing::error!(
-                    batches,
-                    "failpoint: aborting after counting, before committing"
+                    flushes,
+                    "failpoint: aborting after a flush, before committing"
                 );
                 std::process::abort();
             }
-            for (topic, partition, last) in offsets {
-                kafka::store_done(consumer, &topic, partition, last);
-            }
+            self.window_done(consumer, &mut window);
         }
     }
 
-    /// Counts every source's part of the batch, the sources at the same time, each retried until
-    /// it is stored. False if shutdown came first.
-    async fn count_all(
+    /// The batch's valid clicks, by source; the window learns its offsets and click times.
+    fn decode_batch(
+        &self,
+        batch: Vec<OwnedMessage>,
+        window: &mut Window,
+    ) -> HashMap<(String, i32), Part> {
+        let now = now_ms();
+        let mut parts: HashMap<(String, i32), Part> = HashMap::new();
+        for m in &batch {
+            let part = parts
+                .entry((m.topic().to_string(), m.partition()))
+                .or_insert_with(|| Part {
+                    first: m.offset(),
+                    last: m.offset(),
+                    events: Vec::new(),
+                });
+            part.last = m.offset();
+            // The clicks of one message share its offset (see SourceState::plan).
+            for decoded in decode_all(m.payload(), now) {
+                match decoded {
+                    // A canary's redirect is not a click (zlink_wire::canary); none should
+                    // arrive, and one that does is not counted.
+                    Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
+                        self.metrics.events.with_label_values(&["canary"]).inc();
+                    }
+                    Ok(ev) => part.events.push((m.offset(), ev)),
+                    Err(reason) => {
+                        self.metrics.events.with_label_values(&["invalid"]).inc();
+                        tracing::warn!(
+                            partition = m.partition(),
+                            offset = m.offset(),
+                            reason,
+                            "skipping a click that is not a valid event"
+                        );
+                    }
+                }
+            }
+        }
+        window.opened.get_or_insert_with(Instant::now);
+        for ((topic, partition), part) in &parts {
+            window
+                .offsets
+                .insert((topic.clone(), *partition), part.last);
+            window.clicks += part.events.len() as u64;
+            window
+                .click_times
+                .extend(part.events.iter().map(|(_, e)| e.at_ms));
+        }
+        parts
+    }
+
+    /// The window is written: its offsets are stored for the commit, its clicks counted in the
+    /// metrics with the time from each to now, and it starts over.
+    fn window_done(&self, consumer: &ClosingConsumer, window: &mut Window) {
+        let m = &self.metrics;
+        let c = &window.counted;
+        m.events.with_label_values(&["counted"]).inc_by(c.counted);
+        m.events
+            .with_label_values(&["duplicate"])
+            .inc_by(c.duplicates);
+        m.events
+            .with_label_values(&["redelivered"])
+            .inc_by(c.redelivered);
+        let now = now_ms();
+        for at in window.click_times.drain(..) {
+            self.metrics
+                .click_to_count_seconds
+                .observe((now - at).max(0) as f64 / 1000.0);
+        }
+        for ((topic, partition), last) in window.offsets.drain() {
+            kafka::store_done(consumer, &topic, partition, last);
+        }
+        *window = Window::default();
+    }
+
+    /// Folds every source's part of the batch into its window, the sources at the same time,
+    /// each retried until its state could be read: what they decided, or `None` if shutdown
+    /// came first.
+    async fn fold_all(
         self: &Arc<Self>,
         sources: &mut HashMap<String, SourceCounter>,
         parts: HashMap<(String, i32), Part>,
         shutdown: &CancellationToken,
-    ) -> bool {
-        let mut running = tokio::task::JoinSet::new();
+    ) -> Option<Counted> {
         let new = parts
             .keys()
             .filter(|(t, p)| !sources.contains_key(&source_name(t, *p)))
             .count();
         let limits = self.limits(sources.len() + new);
+        let mut work = Vec::new();
         for ((topic, partition), part) in parts {
             let src = source_name(&topic, partition);
             let mut counter = sources
                 .remove(&src)
                 .unwrap_or_else(|| SourceCounter::new(self.clicks.clone(), src, limits));
             counter.set_limits(limits);
-            let (this, shutdown) = (self.clone(), shutdown.clone());
-            running.spawn(async move { this.count_part(counter, part, &shutdown).await });
+            work.push((counter, Some(part)));
         }
-        let mut ok = true;
+        self.each_source(sources, work, shutdown).await
+    }
+
+    /// Writes every source's window, the sources at the same time, each retried until it is
+    /// stored; `None` if shutdown came first.
+    async fn flush_all(
+        self: &Arc<Self>,
+        sources: &mut HashMap<String, SourceCounter>,
+        shutdown: &CancellationToken,
+    ) -> Option<Counted> {
+        let work = sources.drain().map(|(_, c)| (c, None)).collect();
+        self.each_source(sources, work, shutdown).await
+    }
+
+    /// Runs [`Self::step`] for each source at the same time; the counters go back to `sources`.
+    /// What they decided, summed; `None` if shutdown came first.
+    async fn each_source(
+        self: &Arc<Self>,
+        sources: &mut HashMap<String, SourceCounter>,
+        work: Vec<(SourceCounter, Option<Part>)>,
+        shutdown: &CancellationToken,
+    ) -> Option<Counted> {
+        let mut running = tokio::task::JoinSet::new();
+        for (counter, part) in work {
+            let (this, shutdown) = (self.clone(), shutdown.clone());
+            running.spawn(async move { this.step(counter, part, &shutdown).await });
+        }
+        let (mut ok, mut sum) = (true, Counted::default());
         while let Some(r) = running.join_next().await {
             match r {
                 Ok((counter, done)) => {
-                    ok &= done;
+                    match done {
+                        Some(c) => {
+                            sum.counted += c.counted;
+                            sum.duplicates += c.duplicates;
+                            sum.redelivered += c.redelivered;
+                        }
+                        None => ok = false,
+                    }
                     sources.insert(counter.source().to_string(), counter);
                 }
                 Err(_) => ok = false,
             }
         }
-        ok
+        ok.then_some(sum)
     }
 
     /// Each of `sources` sources' share of the memory limits.
@@ -408,47 +528,36 @@ impl App {
         }
     }
 
-    async fn count_part(
+    /// Folds `part` into the counter's window (`Some`), or flushes the window (`None`), retried
+    /// with backoff until it succeeds: what it decided (nothing, for a flush), or `None` if
+    /// shutdown came first.
+    async fn step(
         &self,
         mut counter: SourceCounter,
-        part: Part,
+        part: Option<Part>,
         shutdown: &CancellationToken,
-    ) -> (SourceCounter, bool) {
+    ) -> (SourceCounter, Option<Counted>) {
         let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let started = Instant::now();
-            match counter.count(part.first, part.last, &part.events).await {
-                Ok(Counted {
-                    counted,
-                    duplicates,
-                    redelivered,
-                }) => {
-                    let m = &self.metrics;
-                    m.events.with_label_values(&["counted"]).inc_by(counted);
-                    m.events
-                        .with_label_values(&["duplicate"])
-                        .inc_by(duplicates);
-                    m.events
-                        .with_label_values(&["redelivered"])
-                        .inc_by(redelivered);
-                    if counted > 0 {
-                        let now = now_ms();
-                        for (_, e) in &part.events {
-                            m.click_to_count_seconds
-                                .observe((now - e.at_ms).max(0) as f64 / 1000.0);
-                        }
-                    }
+            let r = match &part {
+                Some(part) => counter.fold(part.first, part.last, &part.events).await,
+                None => counter.flush().await.map(|()| Counted::default()),
+            };
+            match r {
+                Ok(c) => {
                     tracing::debug!(
                         src = counter.source(),
-                        first = part.first,
-                        last = part.last,
-                        counted,
-                        duplicates,
-                        redelivered,
+                        first = part.as_ref().map(|p| p.first),
+                        last = part.as_ref().map(|p| p.last),
+                        counted = c.counted,
+                        duplicates = c.duplicates,
+                        redelivered = c.redelivered,
                         took_ms = started.elapsed().as_millis() as u64,
-                        "counted"
+                        "{}",
+                        if part.is_some() { "folded" } else { "flushed" }
                     );
-                    return (counter, true);
+                    return (counter, Some(c));
                 }
                 Err(e) => {
                     self.metrics.store_errors.inc();
@@ -460,11 +569,26 @@ impl App {
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => return (counter, false),
+                _ = shutdown.cancelled() => return (counter, None),
                 _ = tokio::time::sleep(backoff.next_delay()) => {}
             }
         }
     }
+}
+
+/// What has been folded since the last flush, over every source.
+#[derive(Default)]
+struct Window {
+    /// When its first batch came.
+    opened: Option<Instant>,
+    /// The last offset folded per (topic, partition).
+    offsets: HashMap<(String, i32), i64>,
+    /// Valid clicks folded.
+    clicks: u64,
+    /// What the folds decided: in the metrics once written.
+    counted: Counted,
+    /// Their times (ms), for the click → counted histogram once written.
+    click_times: Vec<i64>,
 }
 
 /// One source's part of a batch: its offsets `first..=last` and the valid events among them.

@@ -35,7 +35,8 @@ impl CounterMetrics {
             &["outcome"],
         )
         .expect("metric");
-        let batches = IntCounter::new("batches_total", "Batches counted").expect("metric");
+        let batches = IntCounter::new("batches_total", "Windows of batches written (flushes)")
+            .expect("metric");
         let held = IntGaugeVec::new(
             Opts::new("held", "State held in memory by the counter's sources"),
             &["what"],

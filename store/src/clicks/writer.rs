@@ -16,6 +16,14 @@
 //! A batch that does not start where the last one ended (a rebalance moved the source away and
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
 //! the next one reloads what the store has.
+//!
+//! The two halves can also run apart: [`SourceCounter::fold`] decides a batch in memory and
+//! adds its plan to what is pending, [`SourceCounter::flush`] writes everything pending at
+//! once. Folded batches are one plan of all of them ([`Plan::absorb`]), so a (link, day) that
+//! several batches touch is written once: the store's cost follows the (link, day)s of a flush
+//! window, not the clicks in it. The caller stores the offsets of every folded batch only after
+//! the flush; a flush that fails changed nothing in memory and may simply be tried again (every
+//! row it writes is the same on each try, and idempotent).
 
 use super::{bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts};
 use crate::db::{self as store, StoreError};
@@ -80,6 +88,11 @@ pub struct SourceCounter {
     last_batch: std::time::Instant,
     /// Tests: fail a batch after this many (link, day) writes (a crash in mid-write).
     fail_after_writes: Option<usize>,
+    /// Folded and not yet written.
+    pending: Plan,
+    /// (link, day) of folded clicks that may be late by the time they are flushed (see
+    /// [`Self::drop_rollups`]).
+    late: BTreeSet<Key>,
 }
 
 impl SourceCounter {
@@ -92,6 +105,8 @@ impl SourceCounter {
             writer: Uuid::new_v4(),
             last_batch: std::time::Instant::now(),
             fail_after_writes: None,
+            pending: Plan::default(),
+            late: BTreeSet::new(),
         }
     }
 
@@ -116,6 +131,12 @@ impl SourceCounter {
         self.fail_after_writes = Some(writes);
     }
 
+    /// Whether the state held has outgrown the memory limits: it is let go of only after a
+    /// flush, so the caller should flush.
+    pub fn over_limits(&self) -> bool {
+        self.state.keys.len() > self.limits.keys || self.state.ids > self.limits.ids
+    }
+
     /// (link, day) states and ids held in memory.
     pub fn held(&self) -> (usize, usize) {
         (self.state.keys.len(), self.state.ids)
@@ -124,7 +145,28 @@ impl SourceCounter {
     /// Counts the batch of offsets `first..=last` of this source; `events` are its valid
     /// clicks, in offset order (the invalid ones were skipped by the caller). When this returns
     /// Ok, every click of the batch is counted exactly once and the offsets may be committed.
+    /// [`Self::fold`] and [`Self::flush`] in one; whatever fails, the state is dropped.
     pub async fn count(
+        &mut self,
+        first: i64,
+        last: i64,
+        events: &[(i64, ClickEvent)],
+    ) -> Result<Counted, StoreError> {
+        let r = match self.fold(first, last, events).await {
+            Ok(c) => self.flush().await.map(|()| c),
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            self.reset();
+        }
+        r
+    }
+
+    /// Decides the batch of offsets `first..=last` (`events` as for [`Self::count`]) in memory,
+    /// reading the state it needs, and adds it to what is pending; nothing is written. The
+    /// batch's offsets may be committed only after the next [`Self::flush`] succeeded. On an
+    /// error nothing was decided and the same batch may be folded again.
+    pub async fn fold(
         &mut self,
         first: i64,
         last: i64,
@@ -136,44 +178,68 @@ impl SourceCounter {
                     src = %self.src,
                     expected = self.state.next,
                     got = first,
-                    "the source did not continue where it stopped; reloading its state"
+                    pending = self.pending.counted,
+                    "the source did not continue where it stopped; reloading its state (clicks \
+                     not yet written are counted by whoever reads from the committed offset)"
                 );
             }
-            self.state = SourceState::default();
+            self.reset();
         }
-        match self.count_batch(events).await {
-            Ok(c) => {
-                self.last_batch = std::time::Instant::now();
-                self.state.next = Some(last + 1);
-                self.state.evict(&self.limits);
-                Ok(c)
-            }
-            Err(e) => {
-                self.state = SourceState::default();
-                Err(e)
-            }
-        }
-    }
-
-    async fn count_batch(&mut self, events: &[(i64, ClickEvent)]) -> Result<Counted, StoreError> {
         self.load(events).await?;
         let refs: Vec<(i64, &ClickEvent)> = events.iter().map(|(o, e)| (*o, e)).collect();
         let plan = self.state.plan(&refs);
-        self.write_ids(&plan.ids).await?;
-        self.write_index(&plan.writes).await?;
-        let failpoint = self.fail_after_writes.take();
-        self.write_counts(&plan.writes, failpoint).await?;
-        self.drop_rollups(events).await?;
-        for k in plan.writes.keys() {
-            if let Some(ks) = self.state.keys.get_mut(k) {
-                ks.listed = true;
+        // Late by the flush, which comes before tomorrow (see `drop_rollups`).
+        let tomorrow = day_of(chrono::Utc::now().timestamp_millis()) + 1;
+        for (_, e) in events {
+            let day = day_of(e.at_ms);
+            if is_late(day, tomorrow) {
+                self.late.insert((e.key.to_string(), day));
             }
         }
-        Ok(Counted {
+        self.state.next = Some(last + 1);
+        self.last_batch = std::time::Instant::now();
+        let counted = Counted {
             counted: plan.counted,
             duplicates: plan.duplicates,
             redelivered: plan.redelivered,
-        })
+        };
+        self.pending.absorb(plan);
+        Ok(counted)
+    }
+
+    /// Clicks folded since the last flush and not yet written (copies and redeliveries aside).
+    pub fn pending(&self) -> u64 {
+        self.pending.counted
+    }
+
+    /// Writes what every batch folded since the last flush changed: the new ids first, then
+    /// the days new to the index, then the counts, then the roll-ups of late clicks dropped.
+    /// On an error the state and what is pending stay as they were: trying again writes the
+    /// same rows. Then the state beyond the memory limits is let go.
+    pub async fn flush(&mut self) -> Result<(), StoreError> {
+        if !self.pending.is_empty() || !self.late.is_empty() {
+            self.write_ids(&self.pending.ids).await?;
+            self.write_index(&self.pending.writes).await?;
+            let failpoint = self.fail_after_writes.take();
+            self.write_counts(&self.pending.writes, failpoint).await?;
+            self.drop_rollups(&self.late).await?;
+            for k in self.pending.writes.keys() {
+                if let Some(ks) = self.state.keys.get_mut(k) {
+                    ks.listed = true;
+                }
+            }
+        }
+        self.pending = Plan::default();
+        self.late.clear();
+        self.state.evict(&self.limits);
+        Ok(())
+    }
+
+    /// Forgets the state and what is pending: the next batch reloads what the store has.
+    fn reset(&mut self) {
+        self.state = SourceState::default();
+        self.pending = Plan::default();
+        self.late.clear();
     }
 
     /// Reads the state of every (link, day) and minute the batch touches and memory lacks: a
@@ -328,16 +394,16 @@ impl SourceCounter {
         .await
     }
 
-    /// After the counts: deletes the roll-up of every month a late click of the batch (see
-    /// [`is_late`]) belongs to, whether counted now or before: a batch delivered again after a
-    /// predecessor counted it and died before this step deletes what that one did not.
-    async fn drop_rollups(&self, events: &[(i64, ClickEvent)]) -> Result<(), StoreError> {
+    /// After the counts: deletes the roll-up of every month a late click folded since the last
+    /// flush (see [`is_late`]; `late` holds every (link, day) that may be late by now) belongs
+    /// to, whether counted now or before: a batch delivered again after a predecessor counted it
+    /// and died before this step deletes what that one did not.
+    async fn drop_rollups(&self, late: &BTreeSet<Key>) -> Result<(), StoreError> {
         let today = day_of(chrono::Utc::now().timestamp_millis());
-        let months: BTreeSet<(String, i32)> = events
+        let months: BTreeSet<(String, i32)> = late
             .iter()
-            .map(|(_, e)| (e, day_of(e.at_ms)))
             .filter(|(_, day)| is_late(*day, today))
-            .map(|(e, day)| (e.key.to_string(), month_of_day(day)))
+            .map(|(slug, day)| (slug.clone(), month_of_day(*day)))
             .collect();
         if months.is_empty() {
             return Ok(());

@@ -38,6 +38,10 @@ struct Args {
     /// same prefix again measures links whose state the counter already holds.
     #[arg(long)]
     prefix: Option<String>,
+    /// Produce at most this many clicks a second, paced evenly (0: as fast as Kafka takes
+    /// them): a sustained rate the counter must keep up with, not a backlog to drain.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
 }
 
 async fn metric(client: &reqwest::Client, url: &str, name: &str) -> Option<f64> {
@@ -63,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
         "--events 1..=10000000"
     );
     anyhow::ensure!(a.slugs > 0 && a.slugs <= 1_000_000, "--slugs 1..=1000000");
+    anyhow::ensure!(a.rate <= 1_000_000, "--rate 0..=1000000");
     anyhow::ensure!(
         (1..=1000).contains(&a.per_message),
         "--per-message 1..=1000"
@@ -112,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let produce = {
         let (producer, topic, run) = (producer.clone(), a.topic.clone(), run.clone());
-        let (events, slugs, per_message) = (a.events, a.slugs, a.per_message);
+        let (events, slugs, per_message, rate) = (a.events, a.slugs, a.per_message, a.rate);
         tokio::spawn(async move {
             let mut inflight = tokio::task::JoinSet::new();
             // Per partition, the lines of the message being filled.
@@ -135,6 +140,11 @@ async fn main() -> anyhow::Result<()> {
                 });
             };
             for i in 0..events {
+                if rate > 0 && i % 1000 == 0 {
+                    // Click i is due i / rate seconds after the start.
+                    let due = started + Duration::from_micros(i * 1_000_000 / rate);
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 let ev = ClickEvent {
                     schema: CLICK_EVENT_SCHEMA,
                     id: uuid::Uuid::new_v4(),

@@ -48,6 +48,26 @@ pub struct Plan {
     pub writes: BTreeMap<Key, i64>,
 }
 
+impl Plan {
+    /// Adds `later`, the plan of the batch that came right after this one's (the next
+    /// offsets of the same source, planned on the state this one left): the two together are
+    /// what one plan of both batches would be, so their writes can go to the store as one.
+    pub fn absorb(&mut self, later: Plan) {
+        self.counted += later.counted;
+        self.duplicates += later.duplicates;
+        self.redelivered += later.redelivered;
+        for (minute, ids) in later.ids {
+            self.ids.entry(minute).or_default().extend(ids);
+        }
+        self.writes.extend(later.writes);
+    }
+
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty() && self.writes.is_empty()
+    }
+}
+
 /// A source's state: what is known to be counted.
 #[derive(Debug, Default)]
 pub struct SourceState {
@@ -322,6 +342,69 @@ mod tests {
         let p = s.plan(&[(7, &a1), (7, &a2), (7, &a1)]);
         assert_eq!((p.counted, p.duplicates, p.redelivered), (2, 1, 0));
         assert_eq!(total(&s, &p, "a", AT), Some(2));
+    }
+
+    #[test]
+    fn plans_of_consecutive_batches_absorbed_are_the_plan_of_them_all() {
+        // Copies inside a message, across messages and across batches; messages of several
+        // clicks; two days and three minutes; a redelivered prefix.
+        let evs: Vec<ClickEvent> = (0..12)
+            .map(|i| ev(["a", "b", "c"][i % 3], AT + (i as i64 % 4) * 40_000_000))
+            .collect();
+        let stream: Vec<(i64, &ClickEvent)> = [
+            (0, 0),
+            (0, 1),
+            (1, 2),
+            (2, 3),
+            (2, 0),
+            (3, 4),
+            (4, 5),
+            (4, 6),
+            (4, 5),
+            (5, 7),
+            (6, 2),
+            (7, 8),
+            (8, 9),
+            (8, 10),
+            (9, 11),
+            (10, 3),
+        ]
+        .iter()
+        .map(|&(o, i)| (o, &evs[i]))
+        .collect();
+        // Batch boundaries fall between messages only (a message is never split).
+        for cuts in [
+            vec![3],
+            vec![1, 5, 9],
+            vec![2, 3, 6, 10, 12, 15],
+            (1..16).collect(),
+        ] {
+            let mut whole = fresh(&stream);
+            let want = whole.plan(&stream);
+            let mut folded = fresh(&stream);
+            let mut got = Plan::default();
+            let mut start = 0;
+            for cut in cuts.iter().copied().chain([stream.len()]) {
+                if stream[..cut].last().map(|l| l.0) == stream.get(cut).map(|n| n.0) {
+                    continue; // inside a message
+                }
+                got.absorb(folded.plan(&stream[start..cut]));
+                start = cut;
+            }
+            assert_eq!(got, want, "cuts {cuts:?}");
+            for (k, ks) in &whole.keys {
+                assert_eq!(folded.keys[k].counts.rows, ks.counts.rows, "{k:?}");
+                assert_eq!(folded.keys[k].upto, ks.upto, "{k:?}");
+            }
+        }
+        // And a redelivery of the first messages after both is counted by neither.
+        let mut s = fresh(&stream);
+        let mut p = s.plan(&stream[..6]);
+        p.absorb(s.plan(&stream[6..]));
+        let again = s.plan(&stream[..6]);
+        assert_eq!(again.counted, 0);
+        assert_eq!(again.redelivered + again.duplicates, 6);
+        assert!(again.is_empty());
     }
 
     #[test]

@@ -224,14 +224,24 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
     let want = expected(&events);
     let slugs: Vec<String> = want.keys().cloned().collect();
 
-    // 1. A counter that crashes after counting its second batch, before storing its offsets.
+    // 1. A counter that crashes after writing its second window (of two batches each, in
+    // production's window), before storing its offsets.
     let crashing = ServiceProcess::counter(
         &infra,
         &infra.kafka,
         &ks,
         &topic,
         &group,
-        &["--batch-max", "400", "--failpoint-abort-after-batches", "2"],
+        &[
+            "--batch-max",
+            "400",
+            "--flush-ms",
+            "5000",
+            "--flush-clicks",
+            "800",
+            "--failpoint-abort-after-batches",
+            "2",
+        ],
     );
     let status = crashing.exited(Duration::from_secs(60)).await;
     assert!(!status.success(), "the failpoint aborts the counter");
@@ -262,7 +272,8 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
     assert!(counter.terminate().await.success(), "SIGTERM: clean stop");
 
     // 3. SIGKILL at whatever moment the counter is in, while it works through 2,000 more,
-    // many to a message (batches of 100 clicks end inside runs of one message's clicks).
+    // many to a message (batches of 100 clicks end inside runs of one message's clicks),
+    // written in windows of several batches.
     let more: Vec<ClickEvent> = (3000..5000).map(event).collect();
     produce_batched(&infra.kafka, &topic, &more, 3).await;
     events.extend(more);
@@ -273,7 +284,14 @@ async fn counts_exactly_once_through_a_crash_before_commit_a_sigkill_and_redeliv
         &ks,
         &topic,
         &group,
-        &["--batch-max", "100"],
+        &[
+            "--batch-max",
+            "100",
+            "--flush-ms",
+            "5000",
+            "--flush-clicks",
+            "300",
+        ],
     );
     assert!(
         eventually(Duration::from_secs(60), || {

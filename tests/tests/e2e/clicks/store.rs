@@ -90,6 +90,100 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
     assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
 }
 
+/// Folds `part` into `c`'s window in batches of `size`: what they decided, summed.
+async fn fold_all(c: &mut SourceCounter, part: &[(i64, ClickEvent)], size: usize) -> Counted {
+    let mut sum = Counted::default();
+    for b in part.chunks(size) {
+        let r = c.fold(b[0].0, b[b.len() - 1].0, b).await.unwrap();
+        sum.counted += r.counted;
+        sum.duplicates += r.duplicates;
+        sum.redelivered += r.redelivered;
+    }
+    sum
+}
+
+/// Windows of several batches, as the counter writes them: each source's batches folded in
+/// memory and written in one flush. A flush that dies in mid-write is tried again from memory
+/// (no batch folded again) and counts nothing twice; a window that was folded and never
+/// written (the process died, its offsets uncommitted) leaves nothing in the store and is
+/// counted whole by the successor that re-reads it; a window's (link, day)s are each written
+/// once however many of its batches touched them. One click in five is a copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn windows_of_folded_batches_count_every_click_once_through_a_failed_flush_and_a_lost_window()
+{
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let cs = click_store(&infra, &ks).await;
+    let mut originals: Vec<ClickEvent> = Vec::new();
+    let mut stream: Vec<(i64, ClickEvent)> = Vec::new();
+    for i in 0..2400usize {
+        let e = if i % 5 == 4 && i > 50 {
+            originals[(i * 11) % originals.len()].clone()
+        } else {
+            originals.push(event(i));
+            originals[originals.len() - 1].clone()
+        };
+        stream.push((i as i64, e));
+    }
+    let want = expected(&originals);
+    let slugs: Vec<String> = want.keys().cloned().collect();
+    let src = format!("clicks-{ks}:0");
+    // Window 1: offsets 0..=799 in eight batches, nothing in the store until the flush.
+    let mut first = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    let w1 = fold_all(&mut first, &stream[..800], 100).await;
+    assert!(w1.counted > 600 && w1.duplicates > 0, "{w1:?}");
+    assert_eq!(first.pending(), w1.counted);
+    assert_eq!(
+        total(&stats_of(&cs, &slugs).await),
+        0,
+        "folded, not written"
+    );
+    first.flush().await.unwrap();
+    assert_eq!(first.pending(), 0);
+    assert_eq!(
+        total(&stats_of(&cs, &slugs).await),
+        w1.counted as i64,
+        "the window's clicks, each once"
+    );
+
+    // Window 2: 800..=1599, a flush that dies after 5 of its (link, day) writes, tried again
+    // from memory.
+    let w2 = fold_all(&mut first, &stream[800..1600], 160).await;
+    first.fail_next_batch_after(5);
+    assert!(first.flush().await.is_err());
+    assert_eq!(
+        first.pending(),
+        w2.counted,
+        "a failed flush keeps the window"
+    );
+    first.flush().await.unwrap();
+    assert_eq!(
+        total(&stats_of(&cs, &slugs).await),
+        (w1.counted + w2.counted) as i64
+    );
+
+    // Window 3: 1600..=2399 folded, then the process dies before its flush. The successor
+    // starts at the committed offset 1600 with windows of other batch sizes.
+    let w3 = fold_all(&mut first, &stream[1600..], 200).await;
+    drop(first);
+    let mut next = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    let again = fold_all(&mut next, &stream[1600..], 75).await;
+    assert_eq!(
+        (again.counted, again.redelivered),
+        (w3.counted, 0),
+        "the lost window counted whole, nothing of it found counted"
+    );
+    next.flush().await.unwrap();
+    assert_eq!(stats_of(&cs, &slugs).await, want, "every click once");
+
+    // Redelivered from 1000 (that successor never committed past it): nothing counts again.
+    let mut third = SourceCounter::new(cs.clone(), src, Limits::default());
+    let late = fold_all(&mut third, &stream[1000..], 500).await;
+    assert_eq!(late.counted, 0, "{late:?}");
+    third.flush().await.unwrap();
+    assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
+}
+
 /// A link with clicks in old months: the first stats read rolls each closed month up, later
 /// reads use the roll-up instead of the month's days. Clicks of a rolled-up month counted late
 /// (a spool replayed after a long outage) delete its roll-up, also when the counter that counted
