@@ -175,6 +175,16 @@ pub fn parse_cell(name: &str) -> Option<RowKey> {
         .then(|| (kind.to_string(), key.to_string()))
 }
 
+/// Writes the row key (`kind`, `key`'s parts joined) into `probe`, reusing its buffers.
+fn fill(probe: &mut RowKey, kind: &str, key: [&str; 3]) {
+    probe.0.clear();
+    probe.0.push_str(kind);
+    probe.1.clear();
+    for part in key {
+        probe.1.push_str(part);
+    }
+}
+
 impl DayCounts {
     /// Counts `events` (none of them counted before) and returns every row that changed with
     /// its new value.
@@ -193,30 +203,38 @@ impl DayCounts {
     }
 
     fn count_into(&mut self, ev: &ClickEvent, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
-        let referrer = referrer_host(ev.referrer.as_deref());
-        let referrer = self.capped(REFERRER, &referrer, MAX_REFERRERS_PER_DAY);
-        let country = ev.country.as_deref().unwrap_or(UNKNOWN);
-        let city = ev.city.as_ref().map(|c| format!("{country}/{c}"));
-        let city = city
-            .as_deref()
-            .map(|c| self.capped(CITY, c, MAX_CITIES_PER_DAY));
-        let rows = [
-            (COUNT, "total", ""),
-            (COUNT, "tier:", ev.tier.name()),
-            (COUNT, "agent:", ev.agent.name()),
-            (COUNT, "device:", ev.device.name()),
-            (REFERRER, referrer, ""),
-            (COUNTRY, country, ""),
-        ];
-        let city = city.map(|c| (CITY, c, ""));
         // One probe key, reused: a row that exists costs a lookup, not an allocation.
         let mut probe = (String::with_capacity(1), String::with_capacity(64));
-        for (kind, a, b) in rows.into_iter().chain(city) {
-            probe.0.clear();
-            probe.0.push_str(kind);
-            probe.1.clear();
-            probe.1.push_str(a);
-            probe.1.push_str(b);
+        let referrer = referrer_host(ev.referrer.as_deref());
+        let referrer = if self.room(
+            &mut probe,
+            REFERRER,
+            [&referrer, "", ""],
+            MAX_REFERRERS_PER_DAY,
+        ) {
+            referrer.as_str()
+        } else {
+            OTHER
+        };
+        let country = ev.country.as_deref().unwrap_or(UNKNOWN);
+        let city = ev.city.as_deref().map(|c| {
+            let named = [country, "/", c];
+            if self.room(&mut probe, CITY, named, MAX_CITIES_PER_DAY) {
+                (CITY, named)
+            } else {
+                (CITY, [OTHER, "", ""])
+            }
+        });
+        let rows = [
+            (COUNT, ["total", "", ""]),
+            (COUNT, ["tier:", ev.tier.name(), ""]),
+            (COUNT, ["agent:", ev.agent.name(), ""]),
+            (COUNT, ["device:", ev.device.name(), ""]),
+            (REFERRER, [referrer, "", ""]),
+            (COUNTRY, [country, "", ""]),
+        ];
+        for (kind, key) in rows.into_iter().chain(city) {
+            fill(&mut probe, kind, key);
             let n = match self.rows.get_mut(&probe) {
                 Some(n) => {
                     *n += 1;
@@ -233,22 +251,22 @@ impl DayCounts {
         }
     }
 
-    /// `key` if it has a row of `kind` already or there is room for one more (fewer than
-    /// `cap` of `kind` besides [`OTHER`]), else [`OTHER`].
-    fn capped<'a>(&self, kind: &str, key: &'a str, cap: usize) -> &'a str {
-        if self.rows.contains_key(&(kind.to_string(), key.to_string())) {
-            return key;
+    /// Whether the row of `kind` named by `key`'s parts (joined) may be counted: it has a row
+    /// already, or there is room for one more (fewer than `cap` of `kind` besides [`OTHER`]);
+    /// else the click counts under [`OTHER`]. `probe` is scratch space.
+    fn room(&self, probe: &mut RowKey, kind: &str, key: [&str; 3], cap: usize) -> bool {
+        fill(probe, kind, key);
+        if self.rows.contains_key(probe) {
+            return true;
         }
+        let first = (kind.to_string(), String::new());
         let distinct = self
             .rows
-            .keys()
-            .filter(|(k, key)| k == kind && key != OTHER)
+            .range(first..)
+            .take_while(|((k, _), _)| k == kind)
+            .filter(|((_, key), _)| key != OTHER)
             .count();
-        if distinct < cap {
-            key
-        } else {
-            OTHER
-        }
+        distinct < cap
     }
 
     /// The counts as a `click_sums.n` blob: per row, `<kind>:<key>` (u16 big-endian length,

@@ -248,7 +248,7 @@ impl SourceCounter {
         let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
         let mut minutes: HashSet<i64> = HashSet::new();
         for (_, e) in events {
-            let k = (e.key.to_string(), day_of(e.at_ms));
+            let k = (e.key.as_str().to_owned(), day_of(e.at_ms));
             if self.state.key_missing(&k) {
                 keys.entry((k.1, bucket_of(&k.0))).or_default().insert(k.0);
             }

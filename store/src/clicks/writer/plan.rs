@@ -130,7 +130,7 @@ impl SourceState {
         let mut counted_here: HashSet<Uuid> = HashSet::new();
         for &(offset, e) in events {
             let minute = minute_of(e.at_ms);
-            let key = (e.key.to_string(), day_of(e.at_ms));
+            let key = (e.key.as_str().to_owned(), day_of(e.at_ms));
             let bucket = self.buckets.get_mut(&minute).expect("minute loaded");
             bucket.touched = self.clock;
             let ks = self.keys.get_mut(&key).expect("key loaded");
