@@ -7,9 +7,9 @@
 //! time; see [`zlink_store::clicks`] for why each click is counted once) and hold it; once the
 //! window is `--flush-ms` old (or holds `--flush-clicks`), write every source's window at once,
 //! and only then store the window's offsets for librdkafka's auto-commit. A crash anywhere
-//! re-delivers at most the uncommitted window, and counting it again changes nothing. A consumer that stalls
-//! (clicks wait, none arrive, no batch is being counted) is replaced by a fresh one
-//! ([`kafka::StallWatch`]), and the sources start over.
+//! re-delivers at most the uncommitted window, and counting it again changes nothing. A
+//! consumer that stalls (clicks wait, none arrive, no batch is being counted) is replaced by a
+//! fresh one ([`kafka::StallWatch`]), and the sources start over.
 
 //!
 //! Modules: [`config`] (its command line), [`metrics`] (`zlink_clicks_*`); the loop is here.
