@@ -46,6 +46,63 @@ fn referrers_are_hosts() {
     assert_eq!(referrer_host(Some("not a url")), UNKNOWN);
 }
 
+/// What `referrer_host` gave before its fast path: `url`'s host of the referrer.
+fn host_by_url(referrer: &str) -> String {
+    let Some(r) = Some(referrer.trim()).filter(|r| !r.is_empty()) else {
+        return DIRECT.into();
+    };
+    match url::Url::parse(r) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") => match u.host_str() {
+            Some(h) if !h.is_empty() => {
+                let h = h.to_ascii_lowercase();
+                h.strip_prefix("www.").unwrap_or(&h).to_string()
+            }
+            _ => UNKNOWN.into(),
+        },
+        _ => UNKNOWN.into(),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+    /// The fast path for plain hosts gives exactly what `url` gives, for referrers shaped like
+    /// URLs (schemes in any case, hosts of letters, digits, hyphens, dots, ports, user info,
+    /// percent signs, IP-like and IDNA-like labels, odd separators and whitespace) and for
+    /// anything at all.
+    #[test]
+    fn the_plain_host_fast_path_agrees_with_url(
+        scheme in "(https?|HTTPS?|Http|ftp|android-app)(://|:/|:)?",
+        host in "(www\\.|WWW\\.|xn--|0x|[a-zA-Z0-9-]{0,12}|[0-9]{1,3}|[.@:%_\\\\\t ]){0,6}",
+        rest in "(/|\\?|#|:[0-9]{0,6}|\\\\|\\s)?[ -~]{0,12}",
+        any in "\\PC{0,40}",
+    ) {
+        let url = format!("{scheme}{host}{rest}");
+        proptest::prop_assert_eq!(referrer_host(Some(&url)), host_by_url(&url), "{:?}", url);
+        proptest::prop_assert_eq!(referrer_host(Some(&any)), host_by_url(&any), "{:?}", any);
+    }
+}
+
+#[test]
+fn plain_hosts_take_the_fast_path_and_the_rest_url() {
+    for (r, want) in [
+        ("https://WWW.Example.com/a?b=<script>", "example.com"),
+        ("http://a-b.example.co.uk#x", "a-b.example.co.uk"),
+        ("https://www.example.com:443/", "example.com"),
+        ("http://user@example.com/", "example.com"),
+        ("http://0x7f.1/", "127.0.0.1"),
+        ("http://10.0.0.1/", "10.0.0.1"),
+        ("http://EXAMPLE.com./", "example.com."),
+        ("http:\\\\example.com\\a", "example.com"),
+        ("HTTP://example.com", "example.com"),
+        ("http://ex%41mple.com/", "example.com"),
+        ("http:///", UNKNOWN),
+        ("http://-a.com/", "-a.com"),
+    ] {
+        assert_eq!(referrer_host(Some(r)), host_by_url(r), "{r}");
+        assert_eq!(referrer_host(Some(r)), want, "{r}");
+    }
+}
+
 #[test]
 fn one_click_changes_total_tier_agent_and_referrer() {
     let mut d = DayCounts::default();
