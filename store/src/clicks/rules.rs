@@ -77,6 +77,13 @@ pub fn referrer_host(referrer: Option<&str>) -> String {
         }
         return host;
     }
+    host_by_url(r)
+}
+
+/// The referrer's host as `url` parses it (lowercased, without a leading `www.`), [`UNKNOWN`]
+/// when it is not an http(s) URL with a host: the slow path of [`referrer_host`], and the
+/// oracle its fast path is property-tested against.
+pub(crate) fn host_by_url(r: &str) -> String {
     match url::Url::parse(r) {
         Ok(u) if matches!(u.scheme(), "http" | "https") => match u.host_str() {
             Some(h) if !h.is_empty() => {
