@@ -328,9 +328,7 @@ impl App {
                 let Some(c) = self.fold_all(&mut sources, parts, shutdown).await else {
                     return; // shutting down: the window stays uncommitted
                 };
-                window.counted.counted += c.counted;
-                window.counted.duplicates += c.duplicates;
-                window.counted.redelivered += c.redelivered;
+                window.counted += c;
             }
             let due = window.opened.is_some_and(|t| {
                 t.elapsed() >= Duration::from_millis(self.cfg.flush_ms)
@@ -502,11 +500,7 @@ impl App {
             match r {
                 Ok((counter, done)) => {
                     match done {
-                        Some(c) => {
-                            sum.counted += c.counted;
-                            sum.duplicates += c.duplicates;
-                            sum.redelivered += c.redelivered;
-                        }
+                        Some(c) => sum += c,
                         None => ok = false,
                     }
                     sources.insert(counter.source().to_string(), counter);

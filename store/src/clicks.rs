@@ -39,6 +39,14 @@ pub struct Counted {
     pub redelivered: u64,
 }
 
+impl std::ops::AddAssign for Counted {
+    fn add_assign(&mut self, later: Counted) {
+        self.counted += later.counted;
+        self.duplicates += later.duplicates;
+        self.redelivered += later.redelivered;
+    }
+}
+
 pub struct ClickStore {
     db: Arc<Db>,
     read_legacy_day: PreparedStatement,

@@ -4,6 +4,28 @@
 
 use super::*;
 
+/// A source's stream of `n` clicks at offsets 0.. in which every fifth click past offset
+/// `after` is a copy of an earlier original (the `(i * stride)`-th, cyclically) at a later
+/// offset, as a replayed spool or a failed-over request gives: the originals and the stream.
+fn stream_with_copies(
+    n: usize,
+    after: usize,
+    stride: usize,
+) -> (Vec<ClickEvent>, Vec<(i64, ClickEvent)>) {
+    let mut originals: Vec<ClickEvent> = Vec::new();
+    let mut stream = Vec::with_capacity(n);
+    for i in 0..n {
+        let e = if i % 5 == 4 && i > after {
+            originals[(i * stride) % originals.len()].clone()
+        } else {
+            originals.push(event(i));
+            originals[originals.len() - 1].clone()
+        };
+        stream.push((i as i64, e));
+    }
+    (originals, stream)
+}
+
 /// The writers of one source as a rebalance leaves them, against the real store: the old owner
 /// dies in mid-write (ids and some counts stored, its offsets not committed) and keeps going as
 /// a zombie with other batch boundaries while its successor counts the same offsets; a third
@@ -15,17 +37,7 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let cs = click_store(&infra, &ks).await;
-    let mut originals: Vec<ClickEvent> = Vec::new();
-    let mut stream: Vec<(i64, ClickEvent)> = Vec::new();
-    for i in 0..3000usize {
-        let e = if i % 5 == 4 && i > 100 {
-            originals[(i * 7) % originals.len()].clone()
-        } else {
-            originals.push(event(i));
-            originals[originals.len() - 1].clone()
-        };
-        stream.push((i as i64, e));
-    }
+    let (originals, stream) = stream_with_copies(3000, 100, 7);
     let want = expected(&originals);
     let slugs: Vec<String> = want.keys().cloned().collect();
     let limits = Limits {
@@ -56,8 +68,7 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
             let mut c = Counted::default();
             for batch in stream[1000..2200].chunks(333) {
                 let r = count_batch(&mut old, batch).await.unwrap();
-                c.counted += r.counted;
-                c.redelivered += r.redelivered;
+                c += r;
             }
             c
         },
@@ -65,8 +76,7 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
             let mut c = Counted::default();
             for batch in stream[1000..].chunks(400) {
                 let r = count_batch(&mut next, batch).await.unwrap();
-                c.counted += r.counted;
-                c.redelivered += r.redelivered;
+                c += r;
             }
             c
         }
@@ -95,9 +105,7 @@ async fn fold_all(c: &mut SourceCounter, part: &[(i64, ClickEvent)], size: usize
     let mut sum = Counted::default();
     for b in part.chunks(size) {
         let r = c.fold(b[0].0, b[b.len() - 1].0, b).await.unwrap();
-        sum.counted += r.counted;
-        sum.duplicates += r.duplicates;
-        sum.redelivered += r.redelivered;
+        sum += r;
     }
     sum
 }
@@ -114,17 +122,7 @@ async fn windows_of_folded_batches_count_every_click_once_through_a_failed_flush
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
     let cs = click_store(&infra, &ks).await;
-    let mut originals: Vec<ClickEvent> = Vec::new();
-    let mut stream: Vec<(i64, ClickEvent)> = Vec::new();
-    for i in 0..2400usize {
-        let e = if i % 5 == 4 && i > 50 {
-            originals[(i * 11) % originals.len()].clone()
-        } else {
-            originals.push(event(i));
-            originals[originals.len() - 1].clone()
-        };
-        stream.push((i as i64, e));
-    }
+    let (originals, stream) = stream_with_copies(2400, 50, 11);
     let want = expected(&originals);
     let slugs: Vec<String> = want.keys().cloned().collect();
     let src = format!("clicks-{ks}:0");
