@@ -315,20 +315,19 @@ impl App {
                 // if the store takes it at once (tried once, not retried), and its offsets stored
                 // for the final commit; else it stays uncommitted and is counted by whoever
                 // comes next.
-                if !window.offsets.is_empty()
-                    && self.flush_all(&mut sources, shutdown).await.is_some()
-                {
-                    self.window_done(consumer, &mut window);
+                if !window.offsets.is_empty() {
+                    if let Some(written) = self.flush_all(&mut sources, shutdown).await {
+                        self.window_done(consumer, &mut window, written);
+                    }
                 }
                 return;
             };
             if !batch.is_empty() {
                 let _busy = self.activity.begin();
                 let parts = self.decode_batch(batch, &mut window);
-                let Some(c) = self.fold_all(&mut sources, parts, shutdown).await else {
+                if self.fold_all(&mut sources, parts, shutdown).await.is_none() {
                     return; // shutting down: the window stays uncommitted
-                };
-                window.counted += c;
+                }
             }
             let due = window.opened.is_some_and(|t| {
                 t.elapsed() >= Duration::from_millis(self.cfg.flush_ms)
@@ -339,9 +338,9 @@ impl App {
                 continue;
             }
             let _busy = self.activity.begin();
-            if self.flush_all(&mut sources, shutdown).await.is_none() {
+            let Some(written) = self.flush_all(&mut sources, shutdown).await else {
                 return; // shutting down: the window stays uncommitted
-            }
+            };
             // A partition that went to another member (or went quiet) gives its memory back;
             // if it comes back, its state is read again.
             sources.retain(|_, c| c.idle_for() < SOURCE_IDLE);
@@ -366,7 +365,7 @@ impl App {
                 );
                 std::process::abort();
             }
-            self.window_done(consumer, &mut window);
+            self.window_done(consumer, &mut window, written);
         }
     }
 
@@ -421,11 +420,11 @@ impl App {
         parts
     }
 
-    /// The window is written: its offsets are stored for the commit, its clicks counted in the
-    /// metrics with the time from each to now, and it starts over.
-    fn window_done(&self, consumer: &ClosingConsumer, window: &mut Window) {
+    /// The window is written (`c`, what its written batches decided): its offsets are stored
+    /// for the commit, its clicks counted in the metrics with the time from each to now, and it
+    /// starts over.
+    fn window_done(&self, consumer: &ClosingConsumer, window: &mut Window, c: Counted) {
         let m = &self.metrics;
-        let c = &window.counted;
         m.events.with_label_values(&["counted"]).inc_by(c.counted);
         m.events
             .with_label_values(&["duplicate"])
@@ -536,7 +535,7 @@ impl App {
             let started = Instant::now();
             let r = match &part {
                 Some(part) => counter.fold(part.first, part.last, &part.events).await,
-                None => counter.flush().await.map(|()| Counted::default()),
+                None => counter.flush().await,
             };
             match r {
                 Ok(c) => {
@@ -579,8 +578,6 @@ struct Window {
     offsets: HashMap<(String, i32), i64>,
     /// Valid clicks folded.
     clicks: u64,
-    /// What the folds decided: in the metrics once written.
-    counted: Counted,
     /// Their times (ms), for the click → counted histogram once written.
     click_times: Vec<i64>,
 }

@@ -153,7 +153,7 @@ impl SourceCounter {
         events: &[(i64, ClickEvent)],
     ) -> Result<Counted, StoreError> {
         let r = match self.fold(first, last, events).await {
-            Ok(c) => self.flush().await.map(|()| c),
+            Ok(_) => self.flush().await,
             Err(e) => Err(e),
         };
         if r.is_err() {
@@ -198,11 +198,7 @@ impl SourceCounter {
         }
         self.state.next = Some(last + 1);
         self.last_batch = std::time::Instant::now();
-        let counted = Counted {
-            counted: plan.counted,
-            duplicates: plan.duplicates,
-            redelivered: plan.redelivered,
-        };
+        let counted = plan.decided();
         self.pending.absorb(plan);
         Ok(counted)
     }
@@ -215,8 +211,9 @@ impl SourceCounter {
     /// Writes what every batch folded since the last flush changed: the new ids first, then
     /// the days new to the index, then the counts, then the roll-ups of late clicks dropped.
     /// On an error the state and what is pending stay as they were: trying again writes the
-    /// same rows. Then the state beyond the memory limits is let go.
-    pub async fn flush(&mut self) -> Result<(), StoreError> {
+    /// same rows. Then the state beyond the memory limits is let go. What the written batches
+    /// decided (of those folded since the source last did not continue, which were dropped).
+    pub async fn flush(&mut self) -> Result<Counted, StoreError> {
         if !self.pending.is_empty() || !self.late.is_empty() {
             self.write_ids(&self.pending.ids).await?;
             self.write_index(&self.pending.writes).await?;
@@ -229,10 +226,10 @@ impl SourceCounter {
                 }
             }
         }
-        self.pending = Plan::default();
+        let written = std::mem::take(&mut self.pending).decided();
         self.late.clear();
         self.state.evict(&self.limits);
-        Ok(())
+        Ok(written)
     }
 
     /// Forgets the state and what is pending: the next batch reloads what the store has.

@@ -4,7 +4,7 @@
 //! state this needs and writes the plan.
 
 use super::Limits;
-use crate::clicks::{day_of, DayCounts};
+use crate::clicks::{day_of, Counted, DayCounts};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use uuid::Uuid;
 use zlink_wire::events::ClickEvent;
@@ -60,6 +60,15 @@ impl Plan {
             self.ids.entry(minute).or_default().extend(ids);
         }
         self.writes.extend(later.writes);
+    }
+
+    /// What the plan's batches decided, in counts.
+    pub fn decided(&self) -> Counted {
+        Counted {
+            counted: self.counted,
+            duplicates: self.duplicates,
+            redelivered: self.redelivered,
+        }
     }
 
     /// Nothing to write.
