@@ -303,6 +303,11 @@ impl DayCounts {
     /// already, or there is room for one more (fewer than `cap` of `kind` besides [`OTHER`]);
     /// else the click counts under [`OTHER`]. `probe` is scratch space.
     fn room(&self, probe: &mut RowKey, kind: &str, key: [&str; 3], cap: usize) -> bool {
+        // Fewer rows in all than the cap: fewer of `kind` too, without a lookup or a scan (a
+        // link's day with a few clicks, the common case).
+        if self.rows.len() < cap {
+            return true;
+        }
         fill(probe, kind, key);
         if self.rows.contains_key(probe) {
             return true;
