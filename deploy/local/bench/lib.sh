@@ -125,3 +125,44 @@ bench_pin() {
     for c in $(pgrep -P "$p" 2>/dev/null); do taskset -a -p -c "$cpus" "$c" >/dev/null 2>&1 || true; done
   done
 }
+
+# bench_thread_snap PID FILE: every live thread's CPU so far into FILE ("tid ticks name" a line;
+# /proc/PID/task/*/stat, the name as the thread set it). bench_thread_report BEFORE AFTER TOTAL
+# prints the CPU seconds between two snapshots per thread kind (the name without its trailing
+# number: a JVM's "MutationStage-3" is "MutationStage"), largest first, and what the process
+# spent beyond its live threads (TOTAL: its own ticks over the same span, from
+# bench_cpu_ticks) as "(exited threads)".
+bench_thread_snap() {
+  python3 - "$1" >"$2" <<'PY' || true
+import os, sys
+base = f"/proc/{sys.argv[1]}/task"
+for tid in os.listdir(base):
+    try:
+        s = open(f"{base}/{tid}/stat").read()
+    except OSError:
+        continue  # exited meanwhile
+    name, rest = s[s.index("(") + 1 : s.rindex(")")], s[s.rindex(")") + 2 :].split()
+    print(tid, int(rest[11]) + int(rest[12]), name)
+PY
+}
+bench_thread_report() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import re, sys, collections
+def load(p):
+    out = {}
+    for line in open(p):
+        tid, ticks, name = line.rstrip("\n").split(" ", 2)
+        out[tid] = (int(ticks), name)
+    return out
+before, after, total = load(sys.argv[1]), load(sys.argv[2]), int(sys.argv[3])
+kinds = collections.Counter()
+for tid, (ticks, name) in after.items():
+    kind = re.sub(r"[-#: ]*\d+$", "", name) or name
+    kinds[kind] += ticks - before.get(tid, (0, ""))[0]
+live = sum(kinds.values())
+kinds["(exited threads)"] = max(0, total - live)
+for kind, ticks in kinds.most_common(8):
+    if ticks > 0:
+        print(f"  {kind:28} {ticks / 100:8.2f} s  {100 * ticks / max(total, 1):5.1f} %")
+PY
+}
