@@ -14,6 +14,7 @@
 use crate::domain::LinkKey;
 use crate::link::LinkStatus;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use uuid::Uuid;
 
 pub const LINK_EVENT_SCHEMA: u16 = 1;
@@ -461,6 +462,108 @@ fn push_int(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(&buf[at..]);
 }
 
+/// A string of a [`ClickLine`]: borrowed from the line when the JSON holds it as is (no
+/// escapes, the common case), else unescaped into a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text<'a>(pub Cow<'a, str>);
+
+impl std::ops::Deref for Text<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A [`ClickEvent`] as the click counter reads it from a `clicks` line: the same fields,
+/// names, types and defaults, so a line one refuses the other refuses and what both read is
+/// equal (a property test), but its strings borrow from the line ([`Text`]): reading one
+/// allocates nothing unless a string holds an escape, where the owned event allocates up to
+/// six strings (the user agent and the address hash among them, which counting never reads).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ClickLine<'a> {
+    pub schema: u16,
+    pub id: Uuid,
+    #[serde(rename = "slug", borrow)]
+    pub key: Text<'a>,
+    pub at_ms: i64,
+    pub tier: Tier,
+    #[serde(borrow)]
+    pub referrer: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub user_agent: Option<Text<'a>>,
+    #[serde(default)]
+    pub agent: AgentClass,
+    #[serde(borrow)]
+    pub ip_hash: Text<'a>,
+    #[serde(default)]
+    pub device: Device,
+    #[serde(default, borrow)]
+    pub country: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    pub city: Option<Text<'a>>,
+}
+
+impl ClickLine<'_> {
+    /// This line as a [`ClickRef`] (the same event).
+    pub fn borrowed(&self) -> ClickRef<'_> {
+        ClickRef {
+            schema: self.schema,
+            id: self.id,
+            key: &self.key,
+            at_ms: self.at_ms,
+            tier: self.tier,
+            referrer: self.referrer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
+            agent: self.agent,
+            ip_hash: &self.ip_hash,
+            device: self.device,
+            country: self.country.as_deref(),
+            city: self.city.as_deref(),
+        }
+    }
+
+    /// The owned event of the same line.
+    pub fn to_event(&self) -> ClickEvent {
+        let owned = |t: &Option<Text>| t.as_deref().map(str::to_owned);
+        ClickEvent {
+            schema: self.schema,
+            id: self.id,
+            key: LinkKey::from(&*self.key),
+            at_ms: self.at_ms,
+            tier: self.tier,
+            referrer: owned(&self.referrer),
+            user_agent: owned(&self.user_agent),
+            agent: self.agent,
+            ip_hash: self.ip_hash.to_string(),
+            device: self.device,
+            country: owned(&self.country),
+            city: owned(&self.city),
+        }
+    }
+}
+
 /// The click events of one `clicks` message: its lines (separated by `\n`), blank ones skipped.
 /// JSON escapes every control character inside strings, so an event never spans two lines.
 pub fn click_lines(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
@@ -786,6 +889,136 @@ mod tests {
                 serde_json::to_string(&ev).unwrap()
             );
         }
+    }
+
+    /// `json` with every `/` and non-ASCII character written as a JSON escape (both occur only
+    /// inside strings): the same document, none of whose strings can be borrowed.
+    fn escaped(json: &str) -> String {
+        let mut out = String::new();
+        for c in json.chars() {
+            if c == '/' {
+                out.push_str("\\/");
+            } else if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// The counter's borrowed reading of a line ([`ClickLine`]) refuses what the owned
+        /// event's refuses and reads what it reads: over events with any strings, each
+        /// written as serde_json does, with its strings escaped, with a field dropped, with a
+        /// field of the wrong type, with a field unknown to both, repeated, or cut short.
+        #[test]
+        fn a_click_line_reads_as_the_owned_event(
+            id in proptest::num::u128::ANY,
+            key in "\\PC{0,12}",
+            at_ms in proptest::num::i64::ANY,
+            tier in 0usize..3,
+            referrer in proptest::option::of("[\\x00-\\x20\"\\\\/a:\\x7f\u{e9}\u{1f600}]{0,16}"),
+            user_agent in proptest::option::of(".{0,24}"),
+            country in proptest::option::of("\\PC{0,3}"),
+            city in proptest::option::of("\\PC{0,8}"),
+            field in 0usize..12,
+            how in 0usize..7,
+            cut in proptest::num::usize::ANY,
+        ) {
+            let ev = ClickRef {
+                schema: CLICK_EVENT_SCHEMA,
+                id: Uuid::from_u128(id),
+                key: &key,
+                at_ms,
+                tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx][tier],
+                referrer: referrer.as_deref(),
+                user_agent: user_agent.as_deref(),
+                agent: AgentClass::Browser,
+                ip_hash: "00ff",
+                device: Device::Mobile,
+                country: country.as_deref(),
+                city: city.as_deref(),
+            };
+            let mut doc = serde_json::to_value(ev).unwrap();
+            let obj = doc.as_object_mut().unwrap();
+            let names: Vec<String> = obj.keys().cloned().collect();
+            let name = names[field % names.len()].clone();
+            let mut json = match how {
+                0 => serde_json::to_string(&doc).unwrap(),
+                1 => escaped(&serde_json::to_string(&doc).unwrap()),
+                2 => {
+                    obj.remove(&name);
+                    serde_json::to_string(&doc).unwrap()
+                }
+                3 => {
+                    let wrong = [serde_json::json!(7), serde_json::json!("x"), serde_json::json!(null),
+                        serde_json::json!(true), serde_json::json!([1])];
+                    obj.insert(name, wrong[cut % wrong.len()].clone());
+                    serde_json::to_string(&doc).unwrap()
+                }
+                4 => {
+                    obj.insert("extra".into(), serde_json::json!({"a": [1, "b"]}));
+                    serde_json::to_string(&doc).unwrap()
+                }
+                5 => {
+                    let again = format!(",\"{name}\":{}}}", obj[&name]);
+                    let text = serde_json::to_string(&doc).unwrap();
+                    format!("{}{again}", &text[..text.len() - 1])
+                }
+                _ => serde_json::to_string(&doc).unwrap(),
+            };
+            if how == 6 {
+                let mut at = cut % (json.len() + 1);
+                while !json.is_char_boundary(at) {
+                    at -= 1;
+                }
+                json.truncate(at);
+            }
+            let owned = serde_json::from_str::<ClickEvent>(&json);
+            let line = serde_json::from_str::<ClickLine>(&json);
+            match (owned, line) {
+                (Ok(o), Ok(l)) => proptest::prop_assert_eq!(o, l.to_event(), "{}", json),
+                (Err(_), Err(_)) => {}
+                (o, l) => proptest::prop_assert!(false, "{}: owned {:?}, line {:?}", json, o, l),
+            }
+        }
+    }
+
+    #[test]
+    fn a_click_line_borrows_its_strings_unless_escaped() {
+        let ev = ClickRef {
+            schema: CLICK_EVENT_SCHEMA,
+            id: Uuid::from_u128(7),
+            key: "abc",
+            at_ms: 1,
+            tier: Tier::Primary,
+            referrer: Some("https://x.example/a"),
+            user_agent: Some("Mozilla/5.0"),
+            agent: AgentClass::Browser,
+            ip_hash: "00ff",
+            device: Device::Desktop,
+            country: Some("DE"),
+            city: Some("Köln"),
+        };
+        let json = serde_json::to_string(&ev).unwrap();
+        let line: ClickLine = serde_json::from_str(&json).unwrap();
+        let borrowed = |t: &Text| matches!(t.0, Cow::Borrowed(_));
+        assert!(borrowed(&line.key) && borrowed(&line.ip_hash));
+        assert!(
+            [&line.referrer, &line.user_agent, &line.country, &line.city]
+                .iter()
+                .all(|t| t.as_ref().is_some_and(borrowed))
+        );
+        let json = escaped(&json);
+        let line: ClickLine = serde_json::from_str(&json).unwrap();
+        assert!(
+            !borrowed(line.referrer.as_ref().unwrap()) && !borrowed(line.city.as_ref().unwrap())
+        );
+        assert_eq!(line.to_event(), ev.to_event());
     }
 
     #[test]
