@@ -35,16 +35,17 @@ use zlink_clients::kafka::{Activity, ClosingConsumer, Replaceable, StallWatch};
 use zlink_clients::now_ms;
 use zlink_clients::ops::{Ops, Readiness};
 use zlink_store::clicks::writer::{source_name, Limits, SourceCounter};
-use zlink_store::clicks::{ClickStore, Counted, FIRST_CLICK_MS};
+use zlink_store::clicks::{Click, ClickStore, Counted, FIRST_CLICK_MS};
 use zlink_store::{Db, StoreError};
-use zlink_wire::events::{click_lines, ClickEvent, CLICK_EVENT_SCHEMA};
+use zlink_wire::domain::is_valid_key;
+use zlink_wire::events::{click_lines, ClickLine, CLICK_EVENT_SCHEMA};
 
 /// How long a source's state is kept without a batch for it.
 const SOURCE_IDLE: Duration = Duration::from_secs(300);
 
 /// The events of a `clicks` message (one per line, [`click_lines`]), each decoded, or why a
 /// line cannot be one; an absent or blank payload is one `empty`.
-pub fn decode_all(payload: Option<&[u8]>, now_ms: i64) -> Vec<Result<ClickEvent, &'static str>> {
+pub fn decode_all(payload: Option<&[u8]>, now_ms: i64) -> Vec<Result<Click, &'static str>> {
     let mut out: Vec<_> = click_lines(payload.unwrap_or_default())
         .map(|line| decode(Some(line), now_ms))
         .collect();
@@ -54,20 +55,21 @@ pub fn decode_all(payload: Option<&[u8]>, now_ms: i64) -> Vec<Result<ClickEvent,
     out
 }
 
-/// One click event (a line of a `clicks` message) to count, or why it cannot be one.
-pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<ClickEvent, &'static str> {
-    let ev: ClickEvent = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
+/// One click event (a line of a `clicks` message, a [`ClickEvent`] read as a [`ClickLine`]:
+/// the same rules, its strings borrowed) to count, or why it cannot be one.
+pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<Click, &'static str> {
+    let ev: ClickLine = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
     if ev.schema != CLICK_EVENT_SCHEMA {
         return Err("schema");
     }
-    if !ev.key.is_valid() {
+    if !is_valid_key(&ev.key) {
         return Err("slug");
     }
     // Before 2020 (FIRST_CLICK_MS): a broken clock or a forgery; the stats read no further back.
     if ev.at_ms < FIRST_CLICK_MS || ev.at_ms > now_ms + 86_400_000 {
         return Err("time");
     }
-    Ok(ev)
+    Ok(Click::of(&ev.borrowed()))
 }
 
 /// How far behind the counter is, in seconds: with `waiting` messages not yet consumed, the
@@ -391,7 +393,7 @@ impl App {
                 match decoded {
                     // A canary's redirect is not a click (zlink_wire::canary); none should
                     // arrive, and one that does is not counted.
-                    Ok(ev) if zlink_wire::canary::is_canary(&ev.key) => {
+                    Ok(ev) if zlink_wire::canary::is_canary(ev.key()) => {
                         self.metrics.events.with_label_values(&["canary"]).inc();
                     }
                     Ok(ev) => part.events.push((m.offset(), ev)),
@@ -586,7 +588,7 @@ struct Window {
 struct Part {
     first: i64,
     last: i64,
-    events: Vec<(i64, ClickEvent)>,
+    events: Vec<(i64, Click)>,
 }
 
 #[cfg(test)]
@@ -640,7 +642,7 @@ mod tests {
         m.extend_from_slice(&json("xyz", NOW));
         let got: Vec<_> = decode_all(Some(&m), NOW)
             .into_iter()
-            .map(|r| r.map(|e| e.key.to_string()))
+            .map(|r| r.map(|e| e.key().to_owned()))
             .collect();
         assert_eq!(got, vec![Ok("abc".into()), Err("slug"), Ok("xyz".into())]);
         assert_eq!(decode_all(None, NOW), vec![Err("empty")]);

@@ -3,7 +3,8 @@
 //! the blob a day's counts are stored as. Pure: no I/O.
 
 use std::collections::BTreeMap;
-use zlink_wire::events::ClickEvent;
+use uuid::Uuid;
+use zlink_wire::events::{AgentClass, ClickEvent, ClickRef, Device, Tier};
 
 pub const DAY_MS: i64 = 86_400_000;
 /// Distinct referrer hosts kept per link and day; the rest are counted under [`OTHER`].
@@ -67,17 +68,28 @@ pub fn day_of(ms: i64) -> i32 {
 /// The referrer as counted: its host, lowercased, without a leading `www.`; [`DIRECT`] when
 /// there is none, [`UNKNOWN`] when it is not an http(s) URL with a host.
 pub fn referrer_host(referrer: Option<&str>) -> String {
+    let mut host = String::new();
+    push_referrer_host(referrer, &mut host);
+    host
+}
+
+/// [`referrer_host`] appended to `out` (no allocation of its own on the fast path).
+fn push_referrer_host(referrer: Option<&str>, out: &mut String) {
     let Some(r) = referrer.map(str::trim).filter(|r| !r.is_empty()) else {
-        return DIRECT.into();
+        out.push_str(DIRECT);
+        return;
     };
     if let Some(host) = plain_host(r) {
-        let mut host = host.to_ascii_lowercase();
-        if host.starts_with("www.") {
-            host.drain(..4);
-        }
-        return host;
+        let host = match host.get(..4) {
+            Some(www) if www.eq_ignore_ascii_case("www.") => &host[4..],
+            _ => host,
+        };
+        let at = out.len();
+        out.push_str(host);
+        out[at..].make_ascii_lowercase();
+        return;
     }
-    host_by_url(r)
+    out.push_str(&host_by_url(r));
 }
 
 /// The referrer's host as `url` parses it (lowercased, without a leading `www.`), [`UNKNOWN`]
@@ -124,7 +136,11 @@ fn plain_host(r: &str) -> Option<&str> {
     // (xn--) may be rewritten or refused.
     let numeric = last.bytes().all(|c| c.is_ascii_digit())
         || last.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("0x"));
-    if numeric || host.len() > 253 || host.to_ascii_lowercase().contains("xn--") {
+    let idna = host
+        .as_bytes()
+        .windows(4)
+        .any(|w| w.eq_ignore_ascii_case(b"xn--"));
+    if numeric || host.len() > 253 || idna {
         return None;
     }
     Some(host)
@@ -199,6 +215,86 @@ pub fn rollup<'a>(
     out
 }
 
+/// What counting reads of one click: its id, link and time, and the names of the rows it
+/// counts in, its referrer already reduced to the host ([`referrer_host`]). Made from a
+/// borrowed event ([`Click::of`]: the counter's reading of a `clicks` line, or an owned
+/// event's [`ClickEvent::borrowed`]); its strings share one buffer, so a click costs one
+/// allocation, where the owned event costs up to six and counting it one more for the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Click {
+    pub id: Uuid,
+    pub at_ms: i64,
+    pub tier: Tier,
+    pub agent: AgentClass,
+    pub device: Device,
+    /// The link's key, the referrer's host, the country, the city, one after the other.
+    text: String,
+    key_end: usize,
+    host_end: usize,
+    /// Where the country ends, if the click has one.
+    country_end: Option<usize>,
+    has_city: bool,
+}
+
+impl Click {
+    /// The click of an event (its key unchecked: the caller judges it).
+    pub fn of(e: &ClickRef) -> Click {
+        let cap = e.key.len()
+            + e.referrer.map_or(DIRECT.len(), str::len)
+            + e.country.map_or(0, str::len)
+            + e.city.map_or(0, str::len);
+        let mut text = String::with_capacity(cap);
+        text.push_str(e.key);
+        let key_end = text.len();
+        push_referrer_host(e.referrer, &mut text);
+        let host_end = text.len();
+        let country_end = e.country.map(|c| {
+            text.push_str(c);
+            text.len()
+        });
+        if let Some(city) = e.city {
+            text.push_str(city);
+        }
+        Click {
+            id: e.id,
+            at_ms: e.at_ms,
+            tier: e.tier,
+            agent: e.agent,
+            device: e.device,
+            text,
+            key_end,
+            host_end,
+            country_end,
+            has_city: e.city.is_some(),
+        }
+    }
+
+    /// The link's key (`slug` on the wire).
+    pub fn key(&self) -> &str {
+        &self.text[..self.key_end]
+    }
+
+    /// The referrer as counted: [`referrer_host`] of the event's.
+    pub fn host(&self) -> &str {
+        &self.text[self.key_end..self.host_end]
+    }
+
+    pub fn country(&self) -> Option<&str> {
+        self.country_end.map(|end| &self.text[self.host_end..end])
+    }
+
+    pub fn city(&self) -> Option<&str> {
+        let from = self.country_end.unwrap_or(self.host_end);
+        self.has_city.then(|| &self.text[from..])
+    }
+}
+
+impl From<&ClickEvent> for Click {
+    fn from(e: &ClickEvent) -> Click {
+        Click::of(&e.borrowed())
+    }
+}
+
 /// (kind, key) of a count row.
 pub type RowKey = (String, String);
 /// Count rows and their values.
@@ -239,33 +335,33 @@ impl DayCounts {
     pub fn add(&mut self, events: &[&ClickEvent]) -> BTreeMap<RowKey, i64> {
         let mut changed = BTreeMap::new();
         for ev in events {
-            self.count_into(ev, Some(&mut changed));
+            self.count_into(&Click::from(*ev), Some(&mut changed));
         }
         changed
     }
 
     /// Counts one event (not counted before): [`DayCounts::add`] without the list of changes,
     /// allocating only for rows it creates (the counter's hot path).
-    pub fn count(&mut self, ev: &ClickEvent) {
+    pub fn count(&mut self, ev: &Click) {
         self.count_into(ev, None);
     }
 
-    fn count_into(&mut self, ev: &ClickEvent, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
+    fn count_into(&mut self, ev: &Click, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
         // One probe key, reused: a row that exists costs a lookup, not an allocation.
         let mut probe = (String::with_capacity(1), String::with_capacity(64));
-        let referrer = referrer_host(ev.referrer.as_deref());
+        let referrer = ev.host();
         let referrer = if self.room(
             &mut probe,
             REFERRER,
-            [&referrer, "", ""],
+            [referrer, "", ""],
             MAX_REFERRERS_PER_DAY,
         ) {
-            referrer.as_str()
+            referrer
         } else {
             OTHER
         };
-        let country = ev.country.as_deref().unwrap_or(UNKNOWN);
-        let city = ev.city.as_deref().map(|c| {
+        let country = ev.country().unwrap_or(UNKNOWN);
+        let city = ev.city().map(|c| {
             let named = [country, "/", c];
             if self.room(&mut probe, CITY, named, MAX_CITIES_PER_DAY) {
                 (CITY, named)
@@ -367,5 +463,217 @@ impl DayCounts {
         for (key, n) in other.rows {
             *self.rows.entry(key).or_insert(0) += n;
         }
+    }
+}
+
+/// A (link, day)'s count rows as the counter holds them while it counts: the rows
+/// [`DayCounts`] would have for the same clicks (the same rules and caps, the same blob; a
+/// property test holds the two together), laid out for the hot path. The row names (the kind's
+/// letter, then the key) lie side by side in one buffer; each row is the hash of its name,
+/// where the name lies, and its count, kept in hash order. A click finds each of its rows by a
+/// binary search over the hashes and one compare of the name that matched, where the map
+/// compared two heap strings at every step of its search (a fifth of the counter's CPU, issue
+/// 37: the (link, day)s of a window do not stay in the cache). The hash is not keyed: names
+/// that collide cost a scan of the equal hashes, which the caps bound (at most
+/// [`MAX_REFERRERS_PER_DAY`] referrers and [`MAX_CITIES_PER_DAY`] cities a day).
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    names: String,
+    rows: Vec<TallyRow>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TallyRow {
+    hash: u64,
+    start: u32,
+    len: u32,
+    n: i64,
+}
+
+/// The hash of a row name, eight bytes at a time (FxHash's step).
+fn name_hash(name: &[u8]) -> u64 {
+    const K: u64 = 0xf135_7aea_2e62_a9c5;
+    let mut h = name.len() as u64;
+    let mut chunks = name.chunks_exact(8);
+    for c in &mut chunks {
+        let word = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h.rotate_left(26) ^ word).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(26) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+    }
+    h ^ (h >> 29)
+}
+
+impl Tally {
+    /// The counts of a `click_sums.n` blob, as [`DayCounts::decode`] reads it.
+    pub fn decode(blob: &[u8]) -> Tally {
+        Tally::from(&DayCounts::decode(blob))
+    }
+
+    /// Counts one click (not counted before), by [`DayCounts::count`]'s rules.
+    pub fn count(&mut self, ev: &Click) {
+        // One name buffer, reused: a row that exists costs a search, not an allocation.
+        let mut probe = String::with_capacity(64);
+        let referrer = ev.host();
+        let referrer = if self.room(
+            &mut probe,
+            REFERRER,
+            [referrer, "", ""],
+            MAX_REFERRERS_PER_DAY,
+        ) {
+            referrer
+        } else {
+            OTHER
+        };
+        let country = ev.country().unwrap_or(UNKNOWN);
+        let city = ev.city().map(|c| {
+            let named = [country, "/", c];
+            if self.room(&mut probe, CITY, named, MAX_CITIES_PER_DAY) {
+                (CITY, named)
+            } else {
+                (CITY, [OTHER, "", ""])
+            }
+        });
+        let rows = [
+            (COUNT, ["total", "", ""]),
+            (COUNT, ["tier:", ev.tier.name(), ""]),
+            (COUNT, ["agent:", ev.agent.name(), ""]),
+            (COUNT, ["device:", ev.device.name(), ""]),
+            (REFERRER, [referrer, "", ""]),
+            (COUNTRY, [country, "", ""]),
+        ];
+        for (kind, key) in rows.into_iter().chain(city) {
+            fill_name(&mut probe, kind, key);
+            self.add(&probe, 1);
+        }
+    }
+
+    /// Where the row named `name` is (`Ok`), or where a row of its hash goes (`Err`).
+    fn find(&self, name: &str, hash: u64) -> Result<usize, usize> {
+        let mut at = self.rows.partition_point(|r| r.hash < hash);
+        while let Some(r) = self.rows.get(at).filter(|r| r.hash == hash) {
+            if self.name(r) == name {
+                return Ok(at);
+            }
+            at += 1;
+        }
+        Err(at)
+    }
+
+    fn name(&self, r: &TallyRow) -> &str {
+        &self.names[r.start as usize..(r.start + r.len) as usize]
+    }
+
+    /// Adds `n` to the row named `name`, making it if it is new.
+    fn add(&mut self, name: &str, n: i64) {
+        let hash = name_hash(name.as_bytes());
+        match self.find(name, hash) {
+            Ok(at) => self.rows[at].n += n,
+            Err(at) => {
+                let (Ok(start), Ok(len)) =
+                    (u32::try_from(self.names.len()), u32::try_from(name.len()))
+                else {
+                    return; // 4 GiB of names: no rule makes one
+                };
+                self.names.push_str(name);
+                self.rows.insert(
+                    at,
+                    TallyRow {
+                        hash,
+                        start,
+                        len,
+                        n,
+                    },
+                );
+            }
+        }
+    }
+
+    /// [`DayCounts`]'s rule: the row may be counted if it exists or there is room for one
+    /// more of its kind (fewer than `cap` besides [`OTHER`]). `probe` is scratch space.
+    fn room(&self, probe: &mut String, kind: &str, key: [&str; 3], cap: usize) -> bool {
+        if self.rows.len() < cap {
+            return true;
+        }
+        fill_name(probe, kind, key);
+        if self.find(probe, name_hash(probe.as_bytes())).is_ok() {
+            return true;
+        }
+        let distinct = self
+            .rows
+            .iter()
+            .map(|r| self.name(r))
+            .filter(|name| name.starts_with(kind) && &name[kind.len()..] != OTHER)
+            .count();
+        distinct < cap
+    }
+
+    /// The rows in the order of their names (the blob's and [`DayCounts`]' order), as (kind,
+    /// key, count).
+    fn sorted(&self) -> Vec<(&str, &str, i64)> {
+        let mut rows: Vec<(&str, &str, i64)> = self
+            .rows
+            .iter()
+            .map(|r| {
+                let name = self.name(r);
+                (&name[..1], &name[1..], r.n)
+            })
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+
+    /// The same blob as [`DayCounts::encode`] of the same rows.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.rows.len() * 32);
+        for (kind, key, n) in self.sorted() {
+            let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
+                continue;
+            };
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(kind.as_bytes());
+            out.push(b':');
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+        out
+    }
+
+    /// The rows as [`DayCounts`].
+    pub fn to_counts(&self) -> DayCounts {
+        let rows = self
+            .sorted()
+            .into_iter()
+            .map(|(kind, key, n)| ((kind.to_string(), key.to_string()), n))
+            .collect();
+        DayCounts { rows }
+    }
+}
+
+impl From<&DayCounts> for Tally {
+    fn from(d: &DayCounts) -> Tally {
+        let mut t = Tally::default();
+        let mut name = String::new();
+        for ((kind, key), n) in &d.rows {
+            // Every kind a rule writes is one letter; the name is the letter, then the key.
+            name.clear();
+            name.push_str(kind);
+            name.push_str(key);
+            t.add(&name, *n);
+        }
+        t
+    }
+}
+
+/// Writes a row's name (its kind's letter, then `key`'s parts joined) into `name`.
+fn fill_name(name: &mut String, kind: &str, key: [&str; 3]) {
+    name.clear();
+    name.push_str(kind);
+    for part in key {
+        name.push_str(part);
     }
 }

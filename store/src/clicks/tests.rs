@@ -364,3 +364,65 @@ fn the_first_click_day_is_2020_01_01() {
     assert_eq!(FIRST_CLICK_MS, 1_577_836_800_000);
     assert_eq!(day_of(FIRST_CLICK_MS), FIRST_CLICK_DAY);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+    /// The counter's in-memory rows ([`Tally`]) are [`DayCounts`]' rows: over runs of clicks
+    /// with few or many distinct referrers, countries and cities (past both caps, `(other)`
+    /// included), from a fresh day or from rows a blob held, they encode to the same blob and
+    /// read back as the same rows.
+    #[test]
+    fn a_tally_counts_as_day_counts_do(
+        clicks in proptest::collection::vec(
+            (
+                0usize..3,
+                0usize..3,
+                0usize..4,
+                proptest::option::of(proptest::prop_oneof![
+                    "https://[a-c]{1,2}\\.example/x",
+                    proptest::strategy::Strategy::prop_map(0u32..300, |i| format!("https://r{i}.example/")),
+                    "[ -~]{0,10}",
+                    proptest::strategy::Just("(other)".to_string()),
+                ]),
+                proptest::option::of("[A-C]{2}|\\PC{0,3}"),
+                proptest::option::of(proptest::prop_oneof![
+                    proptest::strategy::Strategy::prop_map(0u32..300, |i| format!("City {i}")),
+                    "\\PC{0,6}",
+                ]),
+            ),
+            0..400,
+        ),
+        from_blob in proptest::bool::ANY,
+        split in 0usize..400,
+    ) {
+        let events: Vec<ClickEvent> = clicks
+            .into_iter()
+            .map(|(tier, agent, device, referrer, country, city)| ClickEvent {
+                tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx][tier],
+                agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview][agent],
+                device: [Device::Desktop, Device::Mobile, Device::Tablet, Device::Other][device],
+                country,
+                city,
+                ..ev(Tier::Primary, AgentClass::Browser, referrer.as_deref())
+            })
+            .collect();
+        let split = split.min(events.len());
+        let mut want = DayCounts::default();
+        want.add(&events[..split].iter().collect::<Vec<_>>());
+        let mut got = if from_blob {
+            Tally::decode(&want.encode())
+        } else {
+            let mut t = Tally::default();
+            for e in &events[..split] {
+                t.count(&Click::from(e));
+            }
+            t
+        };
+        want.add(&events[split..].iter().collect::<Vec<_>>());
+        for e in &events[split..] {
+            got.count(&Click::from(e));
+        }
+        proptest::prop_assert_eq!(got.encode(), want.encode());
+        proptest::prop_assert_eq!(got.to_counts(), want);
+    }
+}

@@ -25,7 +25,9 @@
 //! the flush; a flush that fails changed nothing in memory and may simply be tried again (every
 //! row it writes is the same on each try, and idempotent).
 
-use super::{bucket_of, day_of, is_late, month_of_day, now_us, ClickStore, Counted, DayCounts};
+use super::{
+    bucket_of, day_of, is_late, month_of_day, now_us, Click, ClickStore, Counted, DayCounts,
+};
 use crate::db::{self as store, StoreError};
 use scylla::serialize::row::SerializeRow;
 use scylla::statement::batch::{Batch, BatchType};
@@ -35,11 +37,10 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use tokio::task::JoinSet;
 use uuid::Uuid;
-use zlink_wire::events::ClickEvent;
 
 mod plan;
-use plan::Key;
 pub use plan::{minute_of, Plan, SourceState, MINUTE_MS};
+use plan::{Key, KeyRef};
 
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
@@ -150,7 +151,7 @@ impl SourceCounter {
         &mut self,
         first: i64,
         last: i64,
-        events: &[(i64, ClickEvent)],
+        events: &[(i64, Click)],
     ) -> Result<Counted, StoreError> {
         let r = match self.fold(first, last, events).await {
             Ok(_) => self.flush().await,
@@ -170,7 +171,7 @@ impl SourceCounter {
         &mut self,
         first: i64,
         last: i64,
-        events: &[(i64, ClickEvent)],
+        events: &[(i64, Click)],
     ) -> Result<Counted, StoreError> {
         if self.state.next != Some(first) {
             if self.state.next.is_some() {
@@ -186,14 +187,14 @@ impl SourceCounter {
             self.reset();
         }
         self.load(events).await?;
-        let refs: Vec<(i64, &ClickEvent)> = events.iter().map(|(o, e)| (*o, e)).collect();
+        let refs: Vec<(i64, &Click)> = events.iter().map(|(o, e)| (*o, e)).collect();
         let plan = self.state.plan(&refs);
         // Late by the flush, which comes before tomorrow (see `drop_rollups`).
         let tomorrow = day_of(chrono::Utc::now().timestamp_millis()) + 1;
         for (_, e) in events {
             let day = day_of(e.at_ms);
             if is_late(day, tomorrow) {
-                self.late.insert((e.key.to_string(), day));
+                self.late.insert((e.key().to_owned(), day));
             }
         }
         self.state.next = Some(last + 1);
@@ -241,13 +242,16 @@ impl SourceCounter {
 
     /// Reads the state of every (link, day) and minute the batch touches and memory lacks: a
     /// read per minute, and per (day, bucket) one read of up to [`SLUGS_PER_READ`] links.
-    async fn load(&mut self, events: &[(i64, ClickEvent)]) -> Result<(), StoreError> {
+    async fn load(&mut self, events: &[(i64, Click)]) -> Result<(), StoreError> {
         let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
         let mut minutes: HashSet<i64> = HashSet::new();
         for (_, e) in events {
-            let k = (e.key.as_str().to_owned(), day_of(e.at_ms));
-            if self.state.key_missing(&k) {
-                keys.entry((k.1, bucket_of(&k.0))).or_default().insert(k.0);
+            let (slug, day) = (e.key(), day_of(e.at_ms));
+            if self.state.key_missing(slug, day) {
+                let slugs = keys.entry((day, bucket_of(slug))).or_default();
+                if !slugs.contains(slug) {
+                    slugs.insert(slug.to_owned());
+                }
             }
             let m = minute_of(e.at_ms);
             if self.state.bucket_missing(m) {
@@ -346,7 +350,7 @@ impl SourceCounter {
             let counts = self
                 .state
                 .keys
-                .get(&(slug.clone(), *day))
+                .get(&(slug.as_str(), *day) as &dyn KeyRef)
                 .map(|k| k.counts.encode())
                 .unwrap_or_default();
             parts.entry((*day, bucket)).or_default().push((

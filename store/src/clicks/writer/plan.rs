@@ -4,10 +4,12 @@
 //! state this needs and writes the plan.
 
 use super::Limits;
-use crate::clicks::{day_of, Counted, DayCounts};
+use crate::clicks::{day_of, Click, Counted, DayCounts, Tally};
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use uuid::Uuid;
-use zlink_wire::events::ClickEvent;
 
 pub const MINUTE_MS: i64 = 60_000;
 
@@ -19,11 +21,62 @@ pub fn minute_of(ms: i64) -> i64 {
 /// (link, day).
 pub(super) type Key = (String, i32);
 
+/// A (link, day) that may borrow its link: what the maps of [`Key`]s are looked up by
+/// (`&(slug, day) as &dyn KeyRef`), so a click costs no copy of its link's key unless it adds
+/// one. Hashed and ordered as the tuple, as `Borrow` requires.
+pub(super) trait KeyRef {
+    fn parts(&self) -> (&str, i32);
+}
+
+impl KeyRef for Key {
+    fn parts(&self) -> (&str, i32) {
+        (&self.0, self.1)
+    }
+}
+
+impl KeyRef for (&str, i32) {
+    fn parts(&self) -> (&str, i32) {
+        *self
+    }
+}
+
+impl<'a> Borrow<dyn KeyRef + 'a> for Key {
+    fn borrow(&self) -> &(dyn KeyRef + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn KeyRef + '_ {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.parts().hash(h);
+    }
+}
+
+impl PartialEq for dyn KeyRef + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+
+impl Eq for dyn KeyRef + '_ {}
+
+impl PartialOrd for dyn KeyRef + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn KeyRef + '_ {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.parts().cmp(&other.parts())
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct KeyState {
     /// Offset of the newest click included (-1: none).
     upto: i64,
-    pub(super) counts: DayCounts,
+    pub(super) counts: Tally,
     /// `click_days` has this (link, day).
     pub(super) listed: bool,
     touched: u64,
@@ -89,8 +142,8 @@ pub struct SourceState {
 }
 
 impl SourceState {
-    pub(super) fn key_missing(&self, k: &Key) -> bool {
-        !self.keys.contains_key(k)
+    pub(super) fn key_missing(&self, slug: &str, day: i32) -> bool {
+        !self.keys.contains_key(&(slug, day) as &dyn KeyRef)
     }
 
     pub(super) fn bucket_missing(&self, minute: i64) -> bool {
@@ -102,7 +155,7 @@ impl SourceState {
             k,
             KeyState {
                 upto,
-                counts,
+                counts: Tally::from(&counts),
                 listed,
                 touched: self.clock,
             },
@@ -133,16 +186,17 @@ impl SourceState {
     /// offset this batch just wrote for its (link, day) is the same message's, not a
     /// redelivery; and an id counted once in this batch at this offset is a copy inside the
     /// message.
-    pub fn plan(&mut self, events: &[(i64, &ClickEvent)]) -> Plan {
+    pub fn plan(&mut self, events: &[(i64, &Click)]) -> Plan {
         self.clock += 1;
         let mut plan = Plan::default();
         let mut counted_here: HashSet<Uuid> = HashSet::new();
         for &(offset, e) in events {
             let minute = minute_of(e.at_ms);
-            let key = (e.key.as_str().to_owned(), day_of(e.at_ms));
+            let day = day_of(e.at_ms);
+            let key = &(e.key(), day) as &dyn KeyRef;
             let bucket = self.buckets.get_mut(&minute).expect("minute loaded");
             bucket.touched = self.clock;
-            let ks = self.keys.get_mut(&key).expect("key loaded");
+            let ks = self.keys.get_mut(key).expect("key loaded");
             ks.touched = self.clock;
             let first = match bucket.ids.get_mut(&e.id) {
                 Some(o) => {
@@ -156,7 +210,7 @@ impl SourceState {
                     None
                 }
             };
-            if offset <= ks.upto && plan.writes.get(&key) != Some(&offset) {
+            if offset <= ks.upto && plan.writes.get(key) != Some(&offset) {
                 plan.redelivered += 1;
                 continue;
             }
@@ -166,7 +220,12 @@ impl SourceState {
             }
             ks.counts.count(e);
             ks.upto = offset;
-            plan.writes.insert(key, offset);
+            match plan.writes.get_mut(key) {
+                Some(upto) => *upto = offset,
+                None => {
+                    plan.writes.insert((e.key().to_owned(), day), offset);
+                }
+            }
             plan.ids.entry(minute).or_default().push((offset, e.id));
             plan.counted += 1;
         }
@@ -207,12 +266,12 @@ impl SourceState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zlink_wire::events::{AgentClass, Tier};
+    use zlink_wire::events::{AgentClass, ClickEvent, Tier};
 
     const AT: i64 = 1_700_000_000_000;
 
-    fn ev(slug: &str, at_ms: i64) -> ClickEvent {
-        ClickEvent {
+    fn ev(slug: &str, at_ms: i64) -> Click {
+        Click::from(&ClickEvent {
             schema: 1,
             id: Uuid::new_v4(),
             key: slug.into(),
@@ -225,15 +284,15 @@ mod tests {
             device: Default::default(),
             country: None,
             city: None,
-        }
+        })
     }
 
     /// A state with everything `events` touch loaded as empty (a fresh store).
-    fn fresh(events: &[(i64, &ClickEvent)]) -> SourceState {
+    fn fresh(events: &[(i64, &Click)]) -> SourceState {
         let mut s = SourceState::default();
         for (_, e) in events {
-            let k = (e.key.to_string(), day_of(e.at_ms));
-            if s.key_missing(&k) {
+            let k = (e.key().to_owned(), day_of(e.at_ms));
+            if s.key_missing(&k.0, k.1) {
                 s.insert_key(k, -1, DayCounts::default(), false);
             }
             if s.bucket_missing(minute_of(e.at_ms)) {
@@ -249,6 +308,7 @@ mod tests {
         p.writes.get(&key)?;
         s.keys[&key]
             .counts
+            .to_counts()
             .rows
             .get(&("c".to_string(), "total".to_string()))
             .copied()
@@ -294,9 +354,9 @@ mod tests {
             .get_mut(&("a".to_string(), day_of(AT)))
             .unwrap()
             .counts = {
-            let mut d = DayCounts::default();
-            d.add(&[&a]);
-            d
+            let mut t = Tally::default();
+            t.count(&a);
+            t
         };
         let p = s.plan(&[(0, &a), (3, &a)]);
         assert_eq!((p.counted, p.redelivered, p.duplicates), (0, 1, 1));
@@ -357,10 +417,10 @@ mod tests {
     fn plans_of_consecutive_batches_absorbed_are_the_plan_of_them_all() {
         // Copies inside a message, across messages and across batches; messages of several
         // clicks; two days and three minutes; a redelivered prefix.
-        let evs: Vec<ClickEvent> = (0..12)
+        let evs: Vec<Click> = (0..12)
             .map(|i| ev(["a", "b", "c"][i % 3], AT + (i as i64 % 4) * 40_000_000))
             .collect();
-        let stream: Vec<(i64, &ClickEvent)> = [
+        let stream: Vec<(i64, &Click)> = [
             (0, 0),
             (0, 1),
             (1, 2),
@@ -402,7 +462,11 @@ mod tests {
             }
             assert_eq!(got, want, "cuts {cuts:?}");
             for (k, ks) in &whole.keys {
-                assert_eq!(folded.keys[k].counts.rows, ks.counts.rows, "{k:?}");
+                assert_eq!(
+                    folded.keys[k].counts.to_counts(),
+                    ks.counts.to_counts(),
+                    "{k:?}"
+                );
                 assert_eq!(folded.keys[k].upto, ks.upto, "{k:?}");
             }
         }
@@ -423,10 +487,10 @@ mod tests {
             ids: 10,
             ..Limits::default()
         };
-        let old: Vec<ClickEvent> = (0..20)
+        let old: Vec<Click> = (0..20)
             .map(|i| ev(&format!("s{i}"), AT + i * MINUTE_MS))
             .collect();
-        let refs: Vec<(i64, &ClickEvent)> = (0..).zip(old.iter()).collect();
+        let refs: Vec<(i64, &Click)> = (0..).zip(old.iter()).collect();
         let mut s = fresh(&refs);
         s.plan(&refs);
         let recent = ev("s19", AT + 19 * MINUTE_MS);

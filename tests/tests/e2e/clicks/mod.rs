@@ -200,7 +200,13 @@ async fn count_batch(
     c: &mut SourceCounter,
     batch: &[(i64, ClickEvent)],
 ) -> Result<zlink_store::clicks::Counted, zlink_store::StoreError> {
-    c.count(batch[0].0, batch[batch.len() - 1].0, batch).await
+    let batch = counted(batch);
+    c.count(batch[0].0, batch[batch.len() - 1].0, &batch).await
+}
+
+/// The clicks as the counter reads them.
+fn counted(events: &[(i64, ClickEvent)]) -> Vec<(i64, zlink_store::clicks::Click)> {
+    events.iter().map(|(o, e)| (*o, e.into())).collect()
 }
 
 mod outage;

@@ -104,7 +104,7 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
 async fn fold_all(c: &mut SourceCounter, part: &[(i64, ClickEvent)], size: usize) -> Counted {
     let mut sum = Counted::default();
     for b in part.chunks(size) {
-        let r = c.fold(b[0].0, b[b.len() - 1].0, b).await.unwrap();
+        let r = c.fold(b[0].0, b[b.len() - 1].0, &counted(b)).await.unwrap();
         sum += r;
     }
     sum
