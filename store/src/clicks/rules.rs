@@ -295,6 +295,45 @@ impl From<&ClickEvent> for Click {
     }
 }
 
+/// A count row one click counts in: its kind and its key's parts (joined).
+type RowOf<'c> = (&'static str, [&'c str; 3]);
+
+/// The rows one click counts in, the one statement of the counting rules ([`DayCounts`] and
+/// [`Tally`] both count by it): the total, its tier, agent class and device, its referrer's
+/// host, its country ([`UNKNOWN`] if none) and its city if known. A referrer or city the day
+/// has no room for (`room(kind, key, cap)` false: the cap of distinct rows of its kind
+/// reached) counts under [`OTHER`].
+fn rows_of<'c>(
+    ev: &'c Click,
+    mut room: impl FnMut(&str, [&str; 3], usize) -> bool,
+) -> std::iter::Chain<std::array::IntoIter<RowOf<'c>, 6>, std::option::IntoIter<RowOf<'c>>> {
+    let host = ev.host();
+    let referrer = if room(REFERRER, [host, "", ""], MAX_REFERRERS_PER_DAY) {
+        host
+    } else {
+        OTHER
+    };
+    let country = ev.country().unwrap_or(UNKNOWN);
+    let city = ev.city().map(|c| {
+        let named = [country, "/", c];
+        if room(CITY, named, MAX_CITIES_PER_DAY) {
+            (CITY, named)
+        } else {
+            (CITY, [OTHER, "", ""])
+        }
+    });
+    [
+        (COUNT, ["total", "", ""]),
+        (COUNT, ["tier:", ev.tier.name(), ""]),
+        (COUNT, ["agent:", ev.agent.name(), ""]),
+        (COUNT, ["device:", ev.device.name(), ""]),
+        (REFERRER, [referrer, "", ""]),
+        (COUNTRY, [country, "", ""]),
+    ]
+    .into_iter()
+    .chain(city)
+}
+
 /// (kind, key) of a count row.
 pub type RowKey = (String, String);
 /// Count rows and their values.
@@ -349,35 +388,8 @@ impl DayCounts {
     fn count_into(&mut self, ev: &Click, mut changed: Option<&mut BTreeMap<RowKey, i64>>) {
         // One probe key, reused: a row that exists costs a lookup, not an allocation.
         let mut probe = (String::with_capacity(1), String::with_capacity(64));
-        let referrer = ev.host();
-        let referrer = if self.room(
-            &mut probe,
-            REFERRER,
-            [referrer, "", ""],
-            MAX_REFERRERS_PER_DAY,
-        ) {
-            referrer
-        } else {
-            OTHER
-        };
-        let country = ev.country().unwrap_or(UNKNOWN);
-        let city = ev.city().map(|c| {
-            let named = [country, "/", c];
-            if self.room(&mut probe, CITY, named, MAX_CITIES_PER_DAY) {
-                (CITY, named)
-            } else {
-                (CITY, [OTHER, "", ""])
-            }
-        });
-        let rows = [
-            (COUNT, ["total", "", ""]),
-            (COUNT, ["tier:", ev.tier.name(), ""]),
-            (COUNT, ["agent:", ev.agent.name(), ""]),
-            (COUNT, ["device:", ev.device.name(), ""]),
-            (REFERRER, [referrer, "", ""]),
-            (COUNTRY, [country, "", ""]),
-        ];
-        for (kind, key) in rows.into_iter().chain(city) {
+        let rows = rows_of(ev, |kind, key, cap| self.room(&mut probe, kind, key, cap));
+        for (kind, key) in rows {
             fill(&mut probe, kind, key);
             let n = match self.rows.get_mut(&probe) {
                 Some(n) => {
@@ -518,35 +530,8 @@ impl Tally {
     pub fn count(&mut self, ev: &Click) {
         // One name buffer, reused: a row that exists costs a search, not an allocation.
         let mut probe = String::with_capacity(64);
-        let referrer = ev.host();
-        let referrer = if self.room(
-            &mut probe,
-            REFERRER,
-            [referrer, "", ""],
-            MAX_REFERRERS_PER_DAY,
-        ) {
-            referrer
-        } else {
-            OTHER
-        };
-        let country = ev.country().unwrap_or(UNKNOWN);
-        let city = ev.city().map(|c| {
-            let named = [country, "/", c];
-            if self.room(&mut probe, CITY, named, MAX_CITIES_PER_DAY) {
-                (CITY, named)
-            } else {
-                (CITY, [OTHER, "", ""])
-            }
-        });
-        let rows = [
-            (COUNT, ["total", "", ""]),
-            (COUNT, ["tier:", ev.tier.name(), ""]),
-            (COUNT, ["agent:", ev.agent.name(), ""]),
-            (COUNT, ["device:", ev.device.name(), ""]),
-            (REFERRER, [referrer, "", ""]),
-            (COUNTRY, [country, "", ""]),
-        ];
-        for (kind, key) in rows.into_iter().chain(city) {
+        let rows = rows_of(ev, |kind, key, cap| self.room(&mut probe, kind, key, cap));
+        for (kind, key) in rows {
             fill_name(&mut probe, kind, key);
             self.add(&probe, 1);
         }
