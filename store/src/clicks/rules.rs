@@ -295,6 +295,23 @@ impl From<&ClickEvent> for Click {
     }
 }
 
+/// The `click_sums.n` blob of `rows` ((kind, key, count), in row order; `n` of them): per row
+/// `<kind>:<key>` (u16 big-endian length, UTF-8) and its count (i64 big-endian).
+fn encode_rows<'a>(n: usize, rows: impl IntoIterator<Item = (&'a str, &'a str, i64)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * 32);
+    for (kind, key, count) in rows {
+        let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
+            continue;
+        };
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(kind.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(&count.to_be_bytes());
+    }
+    out
+}
+
 /// A count row one click counts in: its kind and its key's parts (joined).
 type RowOf<'c> = (&'static str, [&'c str; 3]);
 
@@ -435,18 +452,12 @@ impl DayCounts {
     /// write of it costs the store one cell, not one per row. (A name over 65,535 bytes, which
     /// no rule makes, is left out.)
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.rows.len() * 32);
-        for ((kind, key), n) in &self.rows {
-            let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
-                continue;
-            };
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(kind.as_bytes());
-            out.push(b':');
-            out.extend_from_slice(key.as_bytes());
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-        out
+        encode_rows(
+            self.rows.len(),
+            self.rows
+                .iter()
+                .map(|((kind, key), n)| (kind.as_str(), key.as_str(), *n)),
+        )
     }
 
     /// The counts of a `click_sums.n` blob ([`DayCounts::encode`]); reading stops at the first
@@ -614,18 +625,7 @@ impl Tally {
 
     /// The same blob as [`DayCounts::encode`] of the same rows.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.rows.len() * 32);
-        for (kind, key, n) in self.sorted() {
-            let Ok(len) = u16::try_from(kind.len() + 1 + key.len()) else {
-                continue;
-            };
-            out.extend_from_slice(&len.to_be_bytes());
-            out.extend_from_slice(kind.as_bytes());
-            out.push(b':');
-            out.extend_from_slice(key.as_bytes());
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-        out
+        encode_rows(self.rows.len(), self.sorted())
     }
 
     /// The rows as [`DayCounts`].
