@@ -645,9 +645,7 @@ impl From<&DayCounts> for Tally {
         let mut name = String::new();
         for ((kind, key), n) in &d.rows {
             // Every kind a rule writes is one letter; the name is the letter, then the key.
-            name.clear();
-            name.push_str(kind);
-            name.push_str(key);
+            fill_name(&mut name, kind, [key, "", ""]);
             t.add(&name, *n);
         }
         t

@@ -39,8 +39,8 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 mod plan;
+use plan::Key;
 pub use plan::{minute_of, Plan, SourceState, MINUTE_MS};
-use plan::{Key, KeyRef};
 
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
@@ -344,13 +344,14 @@ impl SourceCounter {
         type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
         let failpoint = failpoint.filter(|n| *n < writes.len());
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
-        for ((slug, day), upto) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+        for (key, upto) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+            let (slug, day) = key;
             let bucket = bucket_of(slug);
             // The whole (link, day) as of `upto`: what `plan` left in memory.
             let counts = self
                 .state
                 .keys
-                .get(&(slug.as_str(), *day) as &dyn KeyRef)
+                .get(key)
                 .map(|k| k.counts.encode())
                 .unwrap_or_default();
             parts.entry((*day, bucket)).or_default().push((
