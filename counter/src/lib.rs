@@ -58,7 +58,7 @@ pub fn decode_all(payload: Option<&[u8]>, now_ms: i64) -> Vec<Result<Click, &'st
 /// One click event (a line of a `clicks` message, a [`zlink_wire::events::ClickEvent`] read as a
 /// [`ClickLine`]: the same rules, its strings borrowed) to count, or why it cannot be one.
 pub fn decode(payload: Option<&[u8]>, now_ms: i64) -> Result<Click, &'static str> {
-    let ev: ClickLine = serde_json::from_slice(payload.ok_or("empty")?).map_err(|_| "json")?;
+    let ev = ClickLine::read(payload.ok_or("empty")?).map_err(|_| "json")?;
     if ev.schema != CLICK_EVENT_SCHEMA {
         return Err("schema");
     }
