@@ -39,8 +39,8 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 mod plan;
-use plan::Key;
 pub use plan::{minute_of, Plan, SourceState, MINUTE_MS};
+use plan::{Key, Map};
 
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
@@ -318,7 +318,7 @@ impl SourceCounter {
 
     /// Before any count of a (link, day) exists: a reader may list a day without counts
     /// (zero), never have counts it cannot find. One batch per (month, bucket).
-    async fn write_index(&self, writes: &BTreeMap<Key, i64>) -> Result<(), StoreError> {
+    async fn write_index(&self, writes: &Map<Key, i64>) -> Result<(), StoreError> {
         type Row = (i32, i32, String, i32);
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
         for (slug, day) in writes
@@ -338,7 +338,7 @@ impl SourceCounter {
     /// [`ROWS_PER_BATCH`] rows each).
     async fn write_counts(
         &self,
-        writes: &BTreeMap<Key, i64>,
+        writes: &Map<Key, i64>,
         failpoint: Option<usize>,
     ) -> Result<(), StoreError> {
         type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
@@ -480,7 +480,7 @@ type LoadedKey = (Key, i64, DayCounts, bool);
 
 enum Loaded {
     Keys(Vec<LoadedKey>),
-    Minute(i64, HashMap<Uuid, i64>),
+    Minute(i64, Map<Uuid, i64>),
 }
 
 impl Load {
@@ -529,7 +529,7 @@ impl Load {
                 Ok(Loaded::Keys(found))
             }
             Load::Minute(minute) => {
-                let mut ids: HashMap<Uuid, i64> = HashMap::new();
+                let mut ids: Map<Uuid, i64> = Map::default();
                 let mut page = scylla::response::PagingState::start();
                 loop {
                     let (res, next) = session

@@ -7,9 +7,16 @@ use super::Limits;
 use crate::clicks::{day_of, Click, Counted, DayCounts, Tally};
 use std::borrow::Borrow;
 use std::cmp::Ordering;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use uuid::Uuid;
+
+/// The counter's maps and sets: each click is looked up in several (its (link, day), its
+/// minute, its id, the batch's writes), where std's SipHash was a visible part of the counter's
+/// CPU (issue 37). foldhash seeds each map at random, as SipHash does.
+pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub type Set<T> = HashSet<T, foldhash::fast::RandomState>;
 
 pub const MINUTE_MS: i64 = 60_000;
 
@@ -85,7 +92,7 @@ pub(super) struct KeyState {
 #[derive(Debug, Default)]
 struct Bucket {
     /// Id → the smallest offset it was counted (or tried to be counted) at.
-    ids: HashMap<Uuid, i64>,
+    ids: Map<Uuid, i64>,
     touched: u64,
 }
 
@@ -98,7 +105,7 @@ pub struct Plan {
     /// New ids per minute, with their offsets, in offset order.
     pub ids: BTreeMap<i64, Vec<(i64, Uuid)>>,
     /// Per changed (link, day): the new `upto` (its counts are in the state).
-    pub writes: BTreeMap<Key, i64>,
+    pub writes: Map<Key, i64>,
 }
 
 impl Plan {
@@ -135,8 +142,8 @@ impl Plan {
 pub struct SourceState {
     /// The offset the next batch must start at for this state to still be the truth.
     pub(super) next: Option<i64>,
-    pub(super) keys: HashMap<Key, KeyState>,
-    buckets: HashMap<i64, Bucket>,
+    pub(super) keys: Map<Key, KeyState>,
+    buckets: Map<i64, Bucket>,
     pub(super) ids: usize,
     clock: u64,
 }
@@ -162,7 +169,7 @@ impl SourceState {
         );
     }
 
-    pub(super) fn insert_bucket(&mut self, minute: i64, ids: HashMap<Uuid, i64>) {
+    pub(super) fn insert_bucket(&mut self, minute: i64, ids: Map<Uuid, i64>) {
         self.ids += ids.len();
         self.buckets.insert(
             minute,
@@ -189,7 +196,7 @@ impl SourceState {
     pub fn plan(&mut self, events: &[(i64, &Click)]) -> Plan {
         self.clock += 1;
         let mut plan = Plan::default();
-        let mut counted_here: HashSet<Uuid> = HashSet::new();
+        let mut counted_here: Set<Uuid> = Set::default();
         for &(offset, e) in events {
             let minute = minute_of(e.at_ms);
             let day = day_of(e.at_ms);
@@ -198,14 +205,14 @@ impl SourceState {
             bucket.touched = self.clock;
             let ks = self.keys.get_mut(key).expect("key loaded");
             ks.touched = self.clock;
-            let first = match bucket.ids.get_mut(&e.id) {
-                Some(o) => {
-                    let first = *o;
-                    *o = first.min(offset);
+            let first = match bucket.ids.entry(e.id) {
+                Entry::Occupied(mut o) => {
+                    let first = *o.get();
+                    *o.get_mut() = first.min(offset);
                     Some(first)
                 }
-                None => {
-                    bucket.ids.insert(e.id, offset);
+                Entry::Vacant(v) => {
+                    v.insert(offset);
                     self.ids += 1;
                     None
                 }
@@ -296,7 +303,7 @@ mod tests {
                 s.insert_key(k, -1, DayCounts::default(), false);
             }
             if s.bucket_missing(minute_of(e.at_ms)) {
-                s.insert_bucket(minute_of(e.at_ms), HashMap::new());
+                s.insert_bucket(minute_of(e.at_ms), Map::default());
             }
         }
         s
