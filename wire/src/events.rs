@@ -64,6 +64,8 @@ pub enum Tier {
 }
 
 impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx];
+
     /// Its JSON name.
     pub fn name(self) -> &'static str {
         match self {
@@ -132,6 +134,8 @@ const BOT_AGENTS: &[&str] = &[
 ];
 
 impl AgentClass {
+    pub const ALL: [AgentClass; 3] = [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview];
+
     /// Classifies a `User-Agent` (case-insensitive substring rules). No user agent at all is
     /// a bot: every browser sends one.
     pub fn of(user_agent: Option<&str>) -> AgentClass {
@@ -242,6 +246,13 @@ pub fn classify(user_agent: Option<&str>) -> (AgentClass, Device) {
 }
 
 impl Device {
+    pub const ALL: [Device; 4] = [
+        Device::Desktop,
+        Device::Mobile,
+        Device::Tablet,
+        Device::Other,
+    ];
+
     /// Classifies a `User-Agent` (case-insensitive substring rules, tablets before phones).
     pub fn of(user_agent: Option<&str>) -> Device {
         classify(user_agent).1
@@ -856,12 +867,12 @@ mod tests {
                 id: Uuid::from_u128(id),
                 key: &key,
                 at_ms,
-                tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx][tier],
+                tier: Tier::ALL[tier],
                 referrer: referrer.as_deref(),
                 user_agent: user_agent.as_deref(),
-                agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview][agent],
+                agent: AgentClass::ALL[agent],
                 ip_hash: &ip_hash,
-                device: [Device::Desktop, Device::Mobile, Device::Tablet, Device::Other][device],
+                device: Device::ALL[device],
                 country: country.as_deref(),
                 city: city.as_deref(),
             };
@@ -917,7 +928,7 @@ mod tests {
                 id: Uuid::from_u128(id),
                 key: &key,
                 at_ms,
-                tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx][tier],
+                tier: Tier::ALL[tier],
                 referrer: referrer.as_deref(),
                 user_agent: user_agent.as_deref(),
                 agent: AgentClass::Browser,

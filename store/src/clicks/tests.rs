@@ -398,9 +398,9 @@ proptest::proptest! {
         let events: Vec<ClickEvent> = clicks
             .into_iter()
             .map(|(tier, agent, device, referrer, country, city)| ClickEvent {
-                tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx][tier],
-                agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview][agent],
-                device: [Device::Desktop, Device::Mobile, Device::Tablet, Device::Other][device],
+                tier: Tier::ALL[tier],
+                agent: AgentClass::ALL[agent],
+                device: Device::ALL[device],
                 country,
                 city,
                 ..ev(Tier::Primary, AgentClass::Browser, referrer.as_deref())

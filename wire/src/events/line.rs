@@ -37,33 +37,17 @@ impl<'a> ClickLine<'a> {
         c.lit(b",\"at_ms\":")?;
         let at_ms = c.int()?;
         c.lit(b",\"tier\":")?;
-        let tier = match c.str()? {
-            "primary" => Tier::Primary,
-            "lastresort" => Tier::Lastresort,
-            "lastresort-nginx" => Tier::LastresortNginx,
-            _ => return None,
-        };
+        let tier = named(Tier::ALL, Tier::name, c.str()?)?;
         c.lit(b",\"referrer\":")?;
         let referrer = c.opt_str()?;
         c.lit(b",\"user_agent\":")?;
         let user_agent = c.opt_str()?;
         c.lit(b",\"agent\":")?;
-        let agent = match c.str()? {
-            "browser" => AgentClass::Browser,
-            "bot" => AgentClass::Bot,
-            "preview" => AgentClass::Preview,
-            _ => return None,
-        };
+        let agent = named(AgentClass::ALL, AgentClass::name, c.str()?)?;
         c.lit(b",\"ip_hash\":")?;
         let ip_hash = c.str()?;
         c.lit(b",\"device\":")?;
-        let device = match c.str()? {
-            "desktop" => Device::Desktop,
-            "mobile" => Device::Mobile,
-            "tablet" => Device::Tablet,
-            "other" => Device::Other,
-            _ => return None,
-        };
+        let device = named(Device::ALL, Device::name, c.str()?)?;
         let country = if c.lit(b",\"country\":").is_some() {
             c.opt_str()?
         } else {
@@ -94,6 +78,11 @@ impl<'a> ClickLine<'a> {
             city: city.map(text),
         })
     }
+}
+
+/// The variant of `all` whose JSON name ([`Tier::name`] and its kin) is `s`.
+fn named<T: Copy, const N: usize>(all: [T; N], name: fn(T) -> &'static str, s: &str) -> Option<T> {
+    all.into_iter().find(|v| name(*v) == s)
 }
 
 /// A position in a line; every reading returns `None` (decline) on anything unexpected, never

@@ -6,7 +6,6 @@
 use super::Limits;
 use crate::clicks::{day_of, Click, Counted, DayCounts, Tally};
 use std::borrow::Borrow;
-use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -30,7 +29,7 @@ pub(super) type Key = (String, i32);
 
 /// A (link, day) that may borrow its link: what the maps of [`Key`]s are looked up by
 /// (`&(slug, day) as &dyn KeyRef`), so a click costs no copy of its link's key unless it adds
-/// one. Hashed and ordered as the tuple, as `Borrow` requires.
+/// one. Hashed and compared as the tuple, as `Borrow` requires.
 pub(super) trait KeyRef {
     fn parts(&self) -> (&str, i32);
 }
@@ -66,18 +65,6 @@ impl PartialEq for dyn KeyRef + '_ {
 }
 
 impl Eq for dyn KeyRef + '_ {}
-
-impl PartialOrd for dyn KeyRef + '_ {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for dyn KeyRef + '_ {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.parts().cmp(&other.parts())
-    }
-}
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct KeyState {
