@@ -133,11 +133,31 @@ zl_wait_for() {
   done
 }
 
+# The Cargo profile the hot-path binaries run from (ZLINK_PROFILE, sticky to the run dir as
+# ZLINK_CLUSTER is): `release` (default) runs every binary from the one release build, as the
+# tests do; `serve` runs primary, lastresort, the click counter and zlink-floor from the `serve`
+# profile (Cargo.toml: fat LTO, one codegen unit; what the production images build), which costs
+# about 3.5 min of linking per binary, too much for the test command, and is what the
+# benchmarks measure (docs/benchmarks.md, "Link-time optimisation").
+[[ -z "${ZLINK_PROFILE:-}" && -f "$ZLINK_RUN/profile-serve" ]] && ZLINK_PROFILE=serve
+ZL_SERVE_BINS=(primary lastresort counter zlink-floor)
+zl_profile() {
+  case "${ZLINK_PROFILE:-release}" in
+    release | serve) echo "${ZLINK_PROFILE:-release}" ;;
+    *) zl_die "ZLINK_PROFILE: release or serve, not '$ZLINK_PROFILE'" ;;
+  esac
+}
+
 # Builds every binary of the workspace (release; extra cargo arguments, e.g. -q, after). Always
 # the whole workspace, which every script then finds built: a `-p` build resolves features of its
 # own and compiles a dozen crates again (and the tests resolve the binaries' features,
-# deploy/local/check-features).
-zl_build() { (cd "$ZLINK_ROOT" && cargo build --release --locked --workspace --bins "$@"); }
+# deploy/local/check-features). With ZLINK_PROFILE=serve, then ZL_SERVE_BINS in that profile.
+zl_build() {
+  (cd "$ZLINK_ROOT" && cargo build --release --locked --workspace --bins "$@") || return 1
+  [[ "$(zl_profile)" == serve ]] || return 0
+  (cd "$ZLINK_ROOT" && cargo build --profile serve --locked -p primary -p lastresort -p counter \
+    -p zlink-redirect "${ZL_SERVE_BINS[@]/#/--bin=}" "$@")
+}
 
 # Readiness probes in each server's own protocol (probe/, no dependencies: built in seconds,
 # before the servers it probes; `test` and `up` build it first).

@@ -45,7 +45,7 @@ pub fn problems(text: &str, bins: &BTreeSet<String>, packages: &BTreeSet<String>
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .collect();
     let mut out = Vec::new();
-    let release = Regex::new(r"(?:target/release|/out)/([A-Za-z0-9_-]+)").expect("regex");
+    let release = Regex::new(r"(?:target/(?:release|serve)|/out)/([A-Za-z0-9_-]+)").expect("regex");
     let package = Regex::new(r"-p\s+([A-Za-z0-9_-]+)").expect("regex");
     let exec_form = Regex::new(r#"\[\s*"([^"]+)""#).expect("regex");
     // (stage name, has ENTRYPOINT, has HEALTHCHECK)
@@ -150,6 +150,15 @@ mod tests {
         assert_eq!(bad("--locked ", "").len(), 1);
         assert_eq!(bad("-p primary", "-p nope").len(), 1);
         assert_eq!(bad("/out/primary", "/out/gone").len(), 1);
+        // The production profile's directory is read as the release one is.
+        assert_eq!(
+            bad("cp target/release/primary", "cp target/serve/primary").len(),
+            0
+        );
+        assert_eq!(
+            bad("cp target/release/primary", "cp target/serve/gone").len(),
+            1
+        );
         assert_eq!(bad("USER 10001", "USER root").len(), 1);
         assert_eq!(bad("USER 10001\n", "").len(), 1);
         assert_eq!(

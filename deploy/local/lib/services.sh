@@ -3,8 +3,15 @@
 # Sourced by deploy/local/lib.sh, never executed.
 
 # ---------------------------------------------------------------- primary
-# ZLINK_BIN_DIR: where the binaries are, if not this build (bench-ab starts an older build).
-zl_bin() { echo "${ZLINK_BIN_DIR:-$CARGO_TARGET_DIR/release}/$1"; }
+# ZLINK_BIN_DIR: where the binaries are, if not this build (bench-ab starts an older build);
+# else ZL_SERVE_BINS from the `serve` profile's build when ZLINK_PROFILE=serve (zl_build).
+zl_bin() {
+  if [[ -z "${ZLINK_BIN_DIR:-}" && "$(zl_profile)" == serve && " ${ZL_SERVE_BINS[*]} " == *" $1 "* ]]; then
+    echo "$CARGO_TARGET_DIR/serve/$1"
+  else
+    echo "${ZLINK_BIN_DIR:-$CARGO_TARGET_DIR/release}/$1"
+  fi
+}
 zl_primary_env() {
   export ZLINK_CQL_NODES="$(zl_cql_nodes)"
   export ZLINK_KEYSPACE="${ZLINK_KEYSPACE:-zlink}"
