@@ -140,13 +140,11 @@ zl_wait_for() {
 # about 3.5 min of linking per binary, too much for the test command, and is what the
 # benchmarks measure (docs/benchmarks.md, "Link-time optimisation").
 [[ -z "${ZLINK_PROFILE:-}" && -f "$ZLINK_RUN/profile-serve" ]] && ZLINK_PROFILE=serve
+ZLINK_PROFILE="${ZLINK_PROFILE:-release}"
+[[ "$ZLINK_PROFILE" == release || "$ZLINK_PROFILE" == serve ]] ||
+  zl_die "ZLINK_PROFILE: release or serve, not '$ZLINK_PROFILE'"
 ZL_SERVE_BINS=(primary lastresort counter zlink-floor)
-zl_profile() {
-  case "${ZLINK_PROFILE:-release}" in
-    release | serve) echo "${ZLINK_PROFILE:-release}" ;;
-    *) zl_die "ZLINK_PROFILE: release or serve, not '$ZLINK_PROFILE'" ;;
-  esac
-}
+zl_profile() { echo "$ZLINK_PROFILE"; }
 
 # Builds every binary of the workspace (release; extra cargo arguments, e.g. -q, after). Always
 # the whole workspace, which every script then finds built: a `-p` build resolves features of its

@@ -166,3 +166,18 @@ for kind, ticks in kinds.most_common(8):
         print(f"  {kind:28} {ticks / 100:8.2f} s  {100 * ticks / max(total, 1):5.1f} %")
 PY
 }
+
+# bench_build_label: what the running redirect tiers were built as, read from primary-1's
+# executable (a run measures the processes that run, whatever the environment says): empty for
+# this checkout's release build, " (serve profile)" for its `serve` build (ZLINK_PROFILE=serve),
+# " (binaries: DIR)" for any other (bench-ab's side A, a saved build).
+bench_build_label() {
+  local pid exe
+  pid="$(zl_pid primary-1)" || return 0
+  exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || return 0
+  case "$(dirname "$exe")" in
+    "$CARGO_TARGET_DIR/release") ;;
+    "$CARGO_TARGET_DIR/serve") echo " (serve profile)" ;;
+    *) echo " (binaries: $(dirname "$exe"))" ;;
+  esac
+}
