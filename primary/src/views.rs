@@ -217,23 +217,18 @@ impl Stats {
             total: stats.total,
             humans: stats.humans(),
             bots: stats.bots(),
-            by_agent: [AgentClass::Browser, AgentClass::Bot, AgentClass::Preview]
+            by_agent: AgentClass::ALL
                 .into_iter()
                 .map(|a| (a.name(), count(&stats.by_agent, a.name())))
                 .collect(),
-            by_tier: [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx]
+            by_tier: Tier::ALL
                 .into_iter()
                 .map(|t| (t.name(), count(&stats.by_tier, t.name())))
                 .collect(),
-            by_device: [
-                Device::Desktop,
-                Device::Mobile,
-                Device::Tablet,
-                Device::Other,
-            ]
-            .into_iter()
-            .map(|d| (d.name(), count(&stats.by_device, d.name())))
-            .collect(),
+            by_device: Device::ALL
+                .into_iter()
+                .map(|d| (d.name(), count(&stats.by_device, d.name())))
+                .collect(),
             last_days: (today - days + 1..=today)
                 .map(|d| DayClicks {
                     date: date(d),

@@ -31,7 +31,7 @@ fn now_ms() -> i64 {
 /// Click `i` of a varied stream: ten links, three days, every tier, bots and previews,
 /// five referrers (one of them none), four devices, three countries (one unknown) and cities.
 fn event(i: usize) -> ClickEvent {
-    let tiers = [Tier::Primary, Tier::Lastresort, Tier::LastresortNginx];
+    let tiers = Tier::ALL;
     let agents = [
         AgentClass::Bot,
         AgentClass::Preview,
