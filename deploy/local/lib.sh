@@ -144,17 +144,16 @@ ZLINK_PROFILE="${ZLINK_PROFILE:-release}"
 [[ "$ZLINK_PROFILE" == release || "$ZLINK_PROFILE" == serve ]] ||
   zl_die "ZLINK_PROFILE: release or serve, not '$ZLINK_PROFILE'"
 ZL_SERVE_BINS=(primary lastresort counter zlink-floor)
-zl_profile() { echo "$ZLINK_PROFILE"; }
 
 # Builds every binary of the workspace (release; extra cargo arguments, e.g. -q, after). Always
 # the whole workspace, which every script then finds built: a `-p` build resolves features of its
 # own and compiles a dozen crates again (and the tests resolve the binaries' features,
-# deploy/local/check-features). With ZLINK_PROFILE=serve, then ZL_SERVE_BINS in that profile.
+# deploy/local/check-features). With ZLINK_PROFILE=serve, then ZL_SERVE_BINS in that profile,
+# selected from the whole workspace for the same reason (only their own crates are built).
 zl_build() {
   (cd "$ZLINK_ROOT" && cargo build --release --locked --workspace --bins "$@") || return 1
-  [[ "$(zl_profile)" == serve ]] || return 0
-  (cd "$ZLINK_ROOT" && cargo build --profile serve --locked -p primary -p lastresort -p counter \
-    -p zlink-redirect "${ZL_SERVE_BINS[@]/#/--bin=}" "$@")
+  [[ "$ZLINK_PROFILE" == serve ]] || return 0
+  (cd "$ZLINK_ROOT" && cargo build --profile serve --locked --workspace "${ZL_SERVE_BINS[@]/#/--bin=}" "$@")
 }
 
 # Readiness probes in each server's own protocol (probe/, no dependencies: built in seconds,

@@ -6,7 +6,7 @@
 # ZLINK_BIN_DIR: where the binaries are, if not this build (bench-ab starts an older build);
 # else ZL_SERVE_BINS from the `serve` profile's build when ZLINK_PROFILE=serve (zl_build).
 zl_bin() {
-  if [[ -z "${ZLINK_BIN_DIR:-}" && "$(zl_profile)" == serve && " ${ZL_SERVE_BINS[*]} " == *" $1 "* ]]; then
+  if [[ -z "${ZLINK_BIN_DIR:-}" && "$ZLINK_PROFILE" == serve && " ${ZL_SERVE_BINS[*]} " == *" $1 "* ]]; then
     echo "$CARGO_TARGET_DIR/serve/$1"
   else
     echo "${ZLINK_BIN_DIR:-$CARGO_TARGET_DIR/release}/$1"
