@@ -71,6 +71,11 @@ pub struct ClickArgs {
     /// ...or this many milliseconds after the first unsynced one.
     #[arg(long, env = "ZLINK_SPOOL_FSYNC_MS", default_value_t = 20)]
     pub spool_fsync_ms: u64,
+    /// The spool's staging ring (a file in the spool directory, mapped): a click is copied
+    /// into it and moved into a segment in batches. At most half a segment is used; 0: no
+    /// ring, a `write(2)` per click.
+    #[arg(long, env = "ZLINK_SPOOL_RING_BYTES", default_value_t = crate::spool::DEFAULT_RING_BYTES)]
+    pub spool_ring_bytes: u64,
     #[arg(long, env = "ZLINK_CLICKS_TOPIC", default_value = "clicks")]
     pub clicks_topic: String,
     /// Most bytes of click events in one Kafka message (their JSON, one per line: a replay
@@ -124,6 +129,7 @@ impl ClickArgs {
             max_bytes: self.spool_max_bytes,
             fsync_records: self.spool_fsync_records,
             fsync_interval: Duration::from_millis(self.spool_fsync_ms),
+            ring_bytes: self.spool_ring_bytes,
         }
     }
 

@@ -242,9 +242,9 @@ impl Clicks {
     }
 
     /// Records the click of one redirect; returns its event id, or `None` if the spool refused
-    /// it (counted). Returns once the event is in the spool file: copied into the active segment's
-    /// mapping under the spool's lock (no system call; a segment that could not be mapped is
-    /// written with `write(2)`); never waits on Kafka or fsync.
+    /// it (counted). Returns once the event is in the spool: copied into its mapped staging ring
+    /// under the spool's lock (no system call; without a ring, one `write(2)` into the segment);
+    /// never waits on Kafka or fsync.
     pub fn record(
         &self,
         slug: &str,

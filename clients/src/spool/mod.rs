@@ -9,16 +9,21 @@
 //!   replaced atomically (write temp, fsync, rename, fsync dir).
 //!
 //! Guarantees:
-//! - `append` returns once the record is in the file, never after an fsync (group commit), so a
-//!   process crash (SIGKILL, panic, OOM kill) loses nothing that was appended. The active
-//!   segment is preallocated to its full size and mapped shared ([`map_segment`]): an append
-//!   is a copy into the file's pages in the page cache under a mutex, with no system call (a
-//!   `write(2)` per click, with the mutex held across it, was ~11% of a redirect's CPU). The
-//!   pages are the file's, not the process's: the kernel writes them back whatever happens to
-//!   the process. Where the filesystem cannot preallocate or map, appends fall back to one
-//!   `write(2)` each. A flusher thread fsyncs in small batches (`fsync_records` records or
+//! - `append` returns once the record is in the spool's staging ring ([`ring`]: a file in the
+//!   spool directory, mapped shared, preallocated and touched once at open, reused lap after
+//!   lap), never after an fsync (group commit), so a process crash (SIGKILL, panic, OOM kill)
+//!   loses nothing that was appended: the ring's pages are the file's, not the process's, and
+//!   the next [`Spool::open`] moves what the ring still holds into a segment first. An append is
+//!   a copy into pages already mapped and writable, under a mutex, with no system call and no
+//!   page fault (a `write(2)` per click, with the mutex held across it, was ~11% of a
+//!   redirect's CPU; a copy into a mapped segment took a page fault on every fresh 4 KiB, ~13
+//!   clicks, and again after each fsync). A flusher thread moves the ring's records into the
+//!   active segment with one `write(2)` per batch and fsyncs them (`fsync_records` records or
 //!   `fsync_interval` after the first unsynced one, whichever comes first; a rolled-over
-//!   segment at once): a power loss loses at most that window.
+//!   segment at once): a power loss loses at most that window. The reader moves them too
+//!   when it finds the segments read to their end, so it never waits for the flusher. Where
+//!   the ring cannot be made (a filesystem that cannot preallocate or map, `ring_bytes` 0),
+//!   appends are one `write(2)` each into the segment.
 //! - The reader delivers every record at least once, in append order: it moves its durable
 //!   position only past records its caller confirmed ([`Reader::commit`]); a crash before the
 //!   commit re-delivers them. Records carry their own ids, so consumers deduplicate.
@@ -45,6 +50,7 @@ use std::time::{Duration, Instant};
 mod format;
 mod reader;
 mod recover;
+mod ring;
 #[cfg(test)]
 mod tests;
 pub use format::{decode, encode};
@@ -52,6 +58,8 @@ use format::{encode_into, new_segment, segment_path, sync_dir, write_position};
 pub use reader::{Batch, Reader};
 
 pub const MAX_RECORD: usize = 64 * 1024;
+/// The staging ring's default size: ~12,000 clicks, 0.3 s of a tier's peak.
+pub const DEFAULT_RING_BYTES: u64 = 4 * 1024 * 1024;
 const MAGIC: &[u8; 8] = b"ZLSPOOL1";
 const MAGIC_LEN: u64 = MAGIC.len() as u64;
 const HEADER: usize = 8;
@@ -71,6 +79,9 @@ pub struct SpoolConfig {
     pub fsync_records: usize,
     /// ...or this long after the first unsynced record.
     pub fsync_interval: Duration,
+    /// Bytes of the staging ring appends copy into (at most half a segment is used; 0: no
+    /// ring, every append is a `write(2)`).
+    pub ring_bytes: u64,
 }
 
 impl SpoolConfig {
@@ -81,7 +92,14 @@ impl SpoolConfig {
             max_bytes: 1024 * 1024 * 1024,
             fsync_records: 1024,
             fsync_interval: Duration::from_millis(20),
+            ring_bytes: DEFAULT_RING_BYTES,
         }
+    }
+
+    /// The ring's capacity as used: `ring_bytes`, at most half a segment (so whatever the
+    /// flusher moves at once fits in one), 0 for none.
+    fn ring_cap(&self) -> u64 {
+        self.ring_bytes.min(self.segment_bytes / 2)
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -96,6 +114,12 @@ impl SpoolConfig {
         }
         if self.fsync_records == 0 || self.fsync_interval.is_zero() {
             return Err("spool fsync batch and interval must be positive".into());
+        }
+        if self.ring_bytes != 0 && self.ring_bytes < (MAX_RECORD + HEADER) as u64 {
+            return Err(format!(
+                "spool ring must be 0 (none) or at least {} bytes",
+                MAX_RECORD + HEADER
+            ));
         }
         Ok(())
     }
@@ -156,6 +180,10 @@ pub struct Recovery {
     /// Bytes cut off as torn or corrupt, and the segments they were cut from.
     pub cut_bytes: u64,
     pub cut_segments: usize,
+    /// Records the staging ring held that had not reached a segment (moved into one now).
+    pub ring_moved: u64,
+    /// Bytes of a ring not trusted (another boot's, or a header that did not add up).
+    pub ring_discarded: u64,
 }
 
 /// Counters of a live spool.
@@ -173,9 +201,12 @@ pub struct Stats {
 struct Active {
     seq: u64,
     file: Arc<File>,
-    /// The active segment mapped over its preallocated size; `None`: appends are `write(2)`s.
-    map: Option<memmap2::MmapMut>,
+    /// Bytes in the active segment (what the reader may read of it).
     len: u64,
+    /// Bytes ever put into the ring and ever moved out of it (`Shared::ring`): the ring holds
+    /// `ring_head - ring_tail`.
+    ring_head: u64,
+    ring_tail: u64,
     unsynced: usize,
     first_unsynced: Option<Instant>,
     /// Segments rolled over but not yet fsynced (the flusher does that, off the append path).
@@ -189,6 +220,11 @@ struct Active {
 struct Shared {
     cfg: SpoolConfig,
     active: Mutex<Active>,
+    /// The staging ring; `None`: appends are `write(2)`s into the active segment.
+    ring: Option<ring::Ring>,
+    /// Held while records move from the ring to a segment (one mover at a time; the
+    /// appenders go on meanwhile).
+    drain: Mutex<()>,
     flush: Condvar,
     /// Wakes the reader when something was appended.
     data: tokio::sync::Notify,
@@ -217,6 +253,68 @@ impl Shared {
             tracing::error!(error = %e, "spool: fsync of the directory failed");
             self.lock().dir_unsynced = true;
         })
+    }
+
+    /// Moves what the ring holds into the active segment (one `write(2)`, two where it wraps;
+    /// a segment that would pass its size is rolled over first) and wakes the reader. The
+    /// appends go on meanwhile: the lock is held only to take the range and to record it
+    /// moved. A failed write is counted and cut back off the segment; its records stay in the
+    /// ring for the next try.
+    fn drain(&self) -> io::Result<()> {
+        let Some(ring) = &self.ring else {
+            return Ok(());
+        };
+        let _one = self.drain.lock().unwrap_or_else(|p| p.into_inner());
+        let (file, len, from, to) = {
+            let mut a = self.lock();
+            let (from, to) = (a.ring_tail, a.ring_head);
+            if from == to {
+                return Ok(());
+            }
+            if a.len + (to - from) > self.cfg.segment_bytes {
+                self.rotate(&mut a).inspect_err(|_| {
+                    self.io_errors.fetch_add(1, Ordering::Relaxed);
+                })?;
+            }
+            (a.file.clone(), a.len, from, to)
+        };
+        // SAFETY: `[from, to)` stays as it is until the tail passes it, below: appends write
+        // only ahead of the head, within what the tail leaves free.
+        let (first, second) = unsafe { ring.slices(from, to) };
+        let written = (&*file)
+            .write_all(first)
+            .and_then(|()| (&*file).write_all(second));
+        if let Err(e) = written {
+            self.io_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "spool: moving records from the ring into a segment failed");
+            // Never leave part of a record in front of the next one.
+            let _ = file.set_len(len);
+            return Err(e);
+        }
+        let n = to - from;
+        let mut a = self.lock();
+        a.len += n;
+        a.ring_tail = to;
+        ring.set_tail(to);
+        self.disk_bytes.fetch_add(n, Ordering::Relaxed);
+        drop(a);
+        self.data.notify_one();
+        Ok(())
+    }
+
+    /// Starts the next segment. The full one is handed to the flusher for its fsync, the new
+    /// one's name is synced by the flusher with its first records: no append waits for a
+    /// disk flush.
+    fn rotate(&self, a: &mut Active) -> io::Result<()> {
+        let file = new_segment(&self.cfg.dir, a.seq + 1)?;
+        a.seq += 1;
+        let full = std::mem::replace(&mut a.file, Arc::new(file));
+        a.retired.push(full);
+        a.dir_unsynced = true;
+        self.flush.notify_one();
+        a.len = MAGIC_LEN;
+        self.disk_bytes.fetch_add(MAGIC_LEN, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -255,16 +353,55 @@ impl Spool {
                 format!("spool {} is in use by another process", dir.display()),
             ));
         }
-        let (pos, report, mut disk, next) = recover::recover(&dir)?;
-        let (file, map) = start_segment(&cfg, next)?;
-        disk += MAGIC_LEN;
+        let (pos, mut report, mut disk, next) = recover::recover(&dir)?;
+        let boot = ring::boot_id();
+        let file = new_segment(&dir, next)?;
+        let mut len = MAGIC_LEN;
+        // What an earlier process's ring still held goes first, into this process's first
+        // segment, made durable before the ring is made anew.
+        if let Some(left) = ring::Ring::leftover(&dir, boot)? {
+            let (moved, records) = move_leftover(&file, &left.bytes)?;
+            len += moved;
+            report.ring_moved = records;
+            report.pending += records;
+            report.ring_discarded = left.discarded;
+            let cut = left.bytes.len() as u64 - moved;
+            report.cut_bytes += cut;
+            if cut > 0 || left.discarded > 0 {
+                tracing::warn!(
+                    moved = records,
+                    cut,
+                    discarded = left.discarded,
+                    "spool: the staging ring held records not trusted (corrupt, or from before a reboot)"
+                );
+            }
+        }
+        disk += len;
+        let cap = cfg.ring_cap();
+        let ring = match boot {
+            Some(boot) if cap > 0 => ring::Ring::create(&dir, cap, boot)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "spool: cannot make the staging ring; appending with write(2)");
+                })
+                .ok(),
+            _ => None,
+        };
+        if ring.is_none() {
+            match fs::remove_file(dir.join(ring::RING)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
         let shared = Arc::new(Shared {
             cfg,
+            ring,
+            drain: Mutex::new(()),
             active: Mutex::new(Active {
                 seq: next,
                 file: Arc::new(file),
-                map,
-                len: MAGIC_LEN,
+                len,
+                ring_head: 0,
+                ring_tail: 0,
                 unsynced: 0,
                 first_unsynced: None,
                 retired: Vec::new(),
@@ -304,9 +441,10 @@ impl Spool {
         ))
     }
 
-    /// fsyncs every record appended so far (the active segment and any rolled-over one the
-    /// flusher has not synced yet).
+    /// fsyncs every record appended so far (moved out of the ring first; the active segment
+    /// and any rolled-over one the flusher has not synced yet).
     pub fn sync(&self) -> io::Result<()> {
+        self.shared.drain()?;
         let files: Vec<Arc<File>> = {
             let a = self.shared.lock();
             a.retired.iter().cloned().chain([a.file.clone()]).collect()
@@ -319,48 +457,58 @@ impl Spool {
         self.shared.sync_new_names()
     }
 
-    /// Appends one record. Returns once it is in the file (fsync follows in the background).
+    /// Appends one record. Returns once it is in the ring (or, without one, in the file);
+    /// fsync follows in the background.
     pub fn append(&self, payload: &[u8]) -> Result<(), AppendError> {
-        if self.append_in_place(payload) {
-            return Ok(());
+        match &self.shared.ring {
+            Some(ring) => self.append_to_ring(ring, payload),
+            None => self
+                .append_batch(&[payload])
+                .pop()
+                .expect("one result per record"),
         }
-        self.append_batch(&[payload])
-            .pop()
-            .expect("one result per record")
     }
 
-    /// The common case of [`Spool::append`]: a mapped segment with room, the record encoded
-    /// straight into it under the lock (no buffer, no result vectors: a redirect's click
-    /// appends one record). `false`: nothing was done; anything else (a refusal, a rotation,
-    /// a segment written with `write(2)`) is the general path's, which counts it.
-    fn append_in_place(&self, payload: &[u8]) -> bool {
+    /// A record into the ring under the lock: the copy and two counters. A full ring (the
+    /// flusher behind, say on a disk that stalls its fsyncs) is moved into the segment here,
+    /// once, and the copy tried again.
+    fn append_to_ring(&self, ring: &ring::Ring, payload: &[u8]) -> Result<(), AppendError> {
         let s = &self.shared;
         if payload.is_empty() || payload.len() > MAX_RECORD {
-            return false;
+            return Err(AppendError::Size);
         }
-        let size = HEADER + payload.len();
-        let mut a = s.lock();
-        let fits = !a.closed
-            && s.disk_bytes.load(Ordering::Relaxed) + size as u64 <= s.cfg.max_bytes
-            && a.len + size as u64 <= s.cfg.segment_bytes;
-        let at = a.len as usize;
-        let Some(dst) = a
-            .map
-            .as_mut()
-            .filter(|_| fits)
-            .and_then(|map| map.get_mut(at..at + size))
-        else {
-            return false;
-        };
-        format::encode_to(dst, payload);
-        self.appended(&mut a, size as u64, 1);
-        let flush_now = a.unsynced >= s.cfg.fsync_records;
-        drop(a);
-        self.wake(flush_now, true);
-        true
+        let size = (HEADER + payload.len()) as u64;
+        for _ in 0..2 {
+            let mut a = s.lock();
+            if a.closed {
+                return Err(AppendError::Closed);
+            }
+            let held = a.ring_head - a.ring_tail;
+            if s.disk_bytes.load(Ordering::Relaxed) + held + size > s.cfg.max_bytes {
+                s.refused_full.fetch_add(1, Ordering::Relaxed);
+                return Err(AppendError::Full);
+            }
+            if held + size <= ring.cap() {
+                // SAFETY: under the lock, at the head, within what the tail leaves free.
+                unsafe { ring.put(a.ring_head, payload) };
+                a.ring_head += size;
+                ring.set_head(a.ring_head);
+                self.appended(&mut a, 0, 1);
+                let flush_now = a.unsynced >= s.cfg.fsync_records;
+                drop(a);
+                self.wake(flush_now, true);
+                return Ok(());
+            }
+            drop(a);
+            s.drain()?;
+        }
+        Err(AppendError::Io(io::Error::other(
+            "spool ring still full after moving it into a segment",
+        )))
     }
 
-    /// Accounts for `n` records of `bytes` just written at the end of the active segment.
+    /// Accounts for `n` records of `bytes` just written at the end of the active segment (0
+    /// bytes: into the ring).
     fn appended(&self, a: &mut Active, bytes: u64, n: usize) {
         let s = &self.shared;
         a.len += bytes;
@@ -381,10 +529,17 @@ impl Spool {
         }
     }
 
-    /// Appends records in order with one `write(2)` per segment touched; one result per
-    /// record. Returns once the accepted ones are in the file.
+    /// Appends records in order (into the ring one by one, or without one with one
+    /// `write(2)` per segment touched); one result per record. Returns once the accepted ones
+    /// are in the ring or the file.
     pub fn append_batch(&self, payloads: &[&[u8]]) -> Vec<Result<(), AppendError>> {
         let s = &self.shared;
+        if let Some(ring) = &s.ring {
+            return payloads
+                .iter()
+                .map(|p| self.append_to_ring(ring, p))
+                .collect();
+        }
         let mut out = Batched {
             buf: Vec::new(),
             waiting: Vec::new(),
@@ -409,7 +564,7 @@ impl Spool {
             }
             if a.len + queued + size > s.cfg.segment_bytes {
                 self.write_out(&mut a, &mut out);
-                if let Err(e) = self.rotate(&mut a) {
+                if let Err(e) = s.rotate(&mut a) {
                     s.io_errors.fetch_add(1, Ordering::Relaxed);
                     out.results.push(Err(e.into()));
                     continue;
@@ -434,23 +589,7 @@ impl Spool {
         let s = &self.shared;
         let n = out.waiting.len();
         let bytes = out.buf.len() as u64;
-        let written = match a.map.as_mut() {
-            Some(map) => {
-                let at = a.len as usize;
-                // In bounds by construction (a segment rotates before it would pass its size);
-                // checked all the same, since a panic here would fail a redirect.
-                match map.get_mut(at..at + out.buf.len()) {
-                    Some(dst) => {
-                        dst.copy_from_slice(&out.buf);
-                        Ok(())
-                    }
-                    None => Err(io::Error::other(
-                        "record past the end of the mapped segment",
-                    )),
-                }
-            }
-            None => (&*a.file).write_all(&out.buf),
-        };
+        let written = (&*a.file).write_all(&out.buf);
         out.buf.clear();
         match written {
             Ok(()) => {
@@ -460,12 +599,8 @@ impl Spool {
             }
             Err(e) => {
                 s.io_errors.fetch_add(1, Ordering::Relaxed);
-                // Never leave part of a record in front of the next one (a mapped segment
-                // copied nothing, and must keep its length: pages past the end of a mapped
-                // file fault).
-                if a.map.is_none() {
-                    let _ = a.file.set_len(a.len);
-                }
+                // Never leave part of a record in front of the next one.
+                let _ = a.file.set_len(a.len);
                 for i in out.waiting.drain(..) {
                     out.results[i] = Err(io::Error::new(e.kind(), e.to_string()).into());
                 }
@@ -474,40 +609,8 @@ impl Spool {
         }
     }
 
-    /// Starts the next segment. The full one is handed to the flusher for its fsync, the new
-    /// one's name is synced by the flusher with its first records: no append waits for a
-    /// disk flush.
-    fn rotate(&self, a: &mut Active) -> io::Result<()> {
-        let (file, map) = start_segment(&self.shared.cfg, a.seq + 1)?;
-        self.unmap(a);
-        a.seq += 1;
-        let full = std::mem::replace(&mut a.file, Arc::new(file));
-        a.map = map;
-        a.retired.push(full);
-        a.dir_unsynced = true;
-        self.shared.flush.notify_one();
-        a.len = MAGIC_LEN;
-        a.unsynced = 0;
-        a.first_unsynced = None;
-        self.shared
-            .disk_bytes
-            .fetch_add(MAGIC_LEN, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Unmaps the active segment and cuts off its unused preallocated rest, so the file holds
-    /// exactly its records. A failure leaves a zero tail, which the reader stops at and the
-    /// next [`Spool::open`] cuts off.
-    fn unmap(&self, a: &mut Active) {
-        if a.map.take().is_some() {
-            if let Err(e) = a.file.set_len(a.len) {
-                self.shared.io_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, segment = a.seq, "spool: cannot cut a segment to its records");
-            }
-        }
-    }
-
-    /// Refuses further appends and fsyncs what was appended (graceful shutdown). Idempotent.
+    /// Refuses further appends, moves what the ring holds into the segment and fsyncs
+    /// everything (graceful shutdown). Idempotent.
     pub fn close(&self) {
         self.shared.lock().closed = true;
         self.shared.flush.notify_one();
@@ -519,7 +622,6 @@ impl Spool {
         if let Some(h) = handle {
             let _ = h.join();
         }
-        self.unmap(&mut self.shared.lock());
         self.shared.data.notify_one();
     }
 
@@ -545,48 +647,30 @@ impl Drop for Spool {
     }
 }
 
-/// Creates segment `seq` and maps it ([`map_segment`]), or, where that cannot be done, leaves
-/// it to `write(2)` appends.
-fn start_segment(cfg: &SpoolConfig, seq: u64) -> io::Result<(File, Option<memmap2::MmapMut>)> {
-    let file = new_segment(&cfg.dir, seq)?;
-    match map_segment(&file, cfg.segment_bytes) {
-        Ok(map) => Ok((file, Some(map))),
-        Err(e) => {
-            tracing::warn!(error = %e, segment = seq, "spool: cannot preallocate and map a segment; appending with write(2)");
-            // A failed preallocation may have grown the file: back to the magic alone.
-            file.set_len(MAGIC_LEN)?;
-            Ok((file, None))
-        }
+/// Writes the whole records at the start of `bytes` (an earlier process's ring, see
+/// [`ring::Ring::leftover`]) to `file` and makes them durable; returns the bytes and records
+/// written. Whatever follows the first record that does not check out is not written.
+fn move_leftover(file: &File, bytes: &[u8]) -> io::Result<(u64, u64)> {
+    let mut valid = 0;
+    let mut records = 0;
+    while let Ok(Some((_, size))) = decode(&bytes[valid..]) {
+        valid += size;
+        records += 1;
     }
-}
-
-/// Preallocates a segment's blocks to `size` (`posix_fallocate`: a copy into a mapped page
-/// can never meet a full disk, which would be SIGBUS instead of an error) and maps the file
-/// shared, read-write, over that size.
-fn map_segment(file: &File, size: u64) -> io::Result<memmap2::MmapMut> {
-    use std::os::fd::AsRawFd;
-    let len = libc::off_t::try_from(size)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment size"))?;
-    // SAFETY: a plain call on an open descriptor we own.
-    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) };
-    if rc != 0 {
-        return Err(io::Error::from_raw_os_error(rc));
+    if valid > 0 {
+        let mut f = file;
+        f.write_all(&bytes[..valid])?;
+        file.sync_data()?;
     }
-    // SAFETY: the segment is this process's own (the spool directory is locked); nothing
-    // shrinks the file while it is mapped (`unmap` drops the map before cutting the file), so
-    // every mapped page stays inside the file.
-    unsafe {
-        memmap2::MmapOptions::new()
-            .len(usize::try_from(size).map_err(|_| io::Error::other("segment size"))?)
-            .map_mut(file)
-    }
+    Ok((valid as u64, records))
 }
 
 fn flush_loop(s: &Shared) {
     let interval = s.cfg.fsync_interval;
     let mut a = s.lock();
     loop {
-        if a.unsynced == 0 && a.retired.is_empty() {
+        let idle = a.unsynced == 0 && a.retired.is_empty() && a.ring_head == a.ring_tail;
+        if idle {
             if a.closed {
                 return;
             }
@@ -603,14 +687,18 @@ fn flush_loop(s: &Shared) {
                 .0;
             continue;
         }
-        // Rolled-over segments first (older records), then the active one.
-        let mut files = std::mem::take(&mut a.retired);
-        if a.unsynced > 0 {
-            files.push(a.file.clone());
-        }
         a.unsynced = 0;
         a.first_unsynced = None;
         drop(a);
+        // The ring's records into the segment, then every file with records not yet synced:
+        // rolled-over segments first (older records), then the active one.
+        let moved = s.drain();
+        let files: Vec<Arc<File>> = {
+            let mut a = s.lock();
+            let mut files = std::mem::take(&mut a.retired);
+            files.push(a.file.clone());
+            files
+        };
         for file in files {
             if let Err(e) = file.sync_data() {
                 s.io_errors.fetch_add(1, Ordering::Relaxed);
@@ -620,5 +708,14 @@ fn flush_loop(s: &Shared) {
         // After the records: the names of segments created since the last round.
         let _ = s.sync_new_names();
         a = s.lock();
+        if moved.is_err() {
+            if a.closed {
+                // Left in the ring: the next open moves it.
+                return;
+            }
+            // Tried again after an interval.
+            a.unsynced = a.unsynced.max(1);
+            a.first_unsynced.get_or_insert_with(Instant::now);
+        }
     }
 }

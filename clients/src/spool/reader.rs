@@ -115,6 +115,10 @@ impl Reader {
         max_bytes: usize,
     ) -> io::Result<()> {
         batch.clear();
+        // What the ring holds into the segment first, so a reader never waits for the
+        // flusher's round (a failure is counted and logged there; what the segments hold is
+        // read all the same).
+        let _ = self.shared.drain();
         let dir = self.shared.cfg.dir.clone();
         while batch.len() < max_records && batch.bytes < max_bytes {
             let (active_seq, active_len) = {

@@ -121,51 +121,180 @@ fn a_corrupt_record_and_everything_after_it_are_cut_never_delivered() {
     }
 }
 
+/// A spool whose flusher waits (almost) for ever: what is appended stays in the ring until the
+/// reader, a full ring, `sync` or `close` moves it.
+fn lazy(dir: &Path) -> SpoolConfig {
+    SpoolConfig {
+        fsync_records: 1 << 30,
+        fsync_interval: Duration::from_secs(3600),
+        ..cfg(dir)
+    }
+}
+
+/// Copies the spool's files as they are now: what a SIGKILL of its writer leaves.
+fn snapshot(dir: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() != LOCK {
+            fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+        }
+    }
+    copy
+}
+
+const RING_DATA: u64 = 4096;
+
 #[test]
-fn a_crashed_writers_segment_keeps_its_records_and_loses_its_unused_tail_without_a_report() {
+fn a_crashed_writers_records_survive_in_its_ring_and_reach_a_segment_at_the_next_open() {
     let dir = tempfile::tempdir().unwrap();
-    let c = cfg(dir.path());
-    let (spool, _r, _) = Spool::open(c.clone()).unwrap();
+    let (spool, _r, _) = Spool::open(lazy(dir.path())).unwrap();
     for i in 0..10 {
         spool.append(&rec(i)).unwrap();
     }
     let seg = last_segment(dir.path());
     let size = encode(&rec(0)).len() as u64;
-    // Appends are copies into the mapped, preallocated segment: the file is already its full
-    // size, and the records are in it, in the page cache, without any write(2) or fsync.
-    assert_eq!(fs::metadata(&seg).unwrap().len(), c.segment_bytes);
-    // What a SIGKILL leaves: the file as it is now (copied while the writer is alive).
-    let crashed = tempfile::tempdir().unwrap();
-    fs::copy(&seg, crashed.path().join(seg.file_name().unwrap())).unwrap();
-    let (_s, mut r, report) = Spool::open(cfg(crashed.path())).unwrap();
-    assert_eq!((report.pending, report.cut_bytes), (10, 0));
-    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
-    let copy = segment_path(
-        crashed.path(),
-        *list_segments(crashed.path()).unwrap().first().unwrap(),
-    );
-    assert_eq!(fs::metadata(copy).unwrap().len(), MAGIC_LEN + 10 * size);
-    // A crash in the middle of a copy: half a record after the last whole one, zeros after
-    // it. The half record is cut and counted, the zeros are not.
-    let torn_dir = tempfile::tempdir().unwrap();
-    let torn_seg = torn_dir.path().join(seg.file_name().unwrap());
-    fs::copy(&seg, &torn_seg).unwrap();
-    let torn = encode(&rec(99));
-    OpenOptions::new()
-        .write(true)
-        .open(&torn_seg)
-        .unwrap()
-        .write_all_at(&torn[..torn.len() / 2], MAGIC_LEN + 10 * size)
-        .unwrap();
-    let (_s, mut r, report) = Spool::open(cfg(torn_dir.path())).unwrap();
+    // Appends are copies into the mapped ring: the segment has none of them yet (no write(2),
+    // no fsync), the ring file has them all.
+    assert_eq!(fs::metadata(&seg).unwrap().len(), MAGIC_LEN);
+    let crashed = snapshot(dir.path());
+    let (_s, mut r, report) = Spool::open(lazy(crashed.path())).unwrap();
     assert_eq!(
-        (report.pending, report.cut_bytes),
-        (10, torn.len() as u64 / 2)
+        (report.ring_moved, report.pending, report.cut_bytes),
+        (10, 10, 0)
     );
     assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
-    // A graceful close cuts the writer's own segment to its records.
+    drop((_s, r));
+    // Moved once: opened again, the same records are pending in the segment, not twice.
+    let (_s, mut r, report) = Spool::open(lazy(crashed.path())).unwrap();
+    assert_eq!((report.ring_moved, report.pending), (0, 10));
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
+
+    // A bit flipped in the ring's 6th record: the five before it are moved, the rest is cut
+    // and counted, never delivered.
+    let flipped = snapshot(dir.path());
+    let ring_path = flipped.path().join(ring::RING);
+    let f = OpenOptions::new().write(true).open(&ring_path).unwrap();
+    f.write_all_at(b"X", RING_DATA + 5 * size + HEADER as u64 + 2)
+        .unwrap();
+    let (_s, mut r, report) = Spool::open(lazy(flipped.path())).unwrap();
+    assert_eq!(
+        (report.ring_moved, report.pending, report.cut_bytes),
+        (5, 5, 5 * size)
+    );
+    assert_eq!(read_all(&mut r).0, (0..5).map(rec).collect::<Vec<_>>());
+
+    // The ring of another boot (the machine restarted, perhaps after a power loss that left
+    // its pages half written back) is not trusted: nothing moved, its bytes reported.
+    let rebooted = snapshot(dir.path());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(rebooted.path().join(ring::RING))
+        .unwrap();
+    f.write_all_at(&[0xAB; 16], 16).unwrap();
+    let (_s, mut r, report) = Spool::open(lazy(rebooted.path())).unwrap();
+    assert_eq!(
+        (report.ring_moved, report.pending, report.ring_discarded),
+        (0, 0, 10 * size)
+    );
+    assert!(read_all(&mut r).0.is_empty());
+
+    // A crash in the middle of a move into the segment: half a record after the last whole
+    // one. The half record is cut and counted; the ring, whose tail never passed the
+    // records, moves them again (delivered twice, never lost).
+    spool.sync().unwrap();
+    let torn_dir = snapshot(dir.path());
+    let f = OpenOptions::new()
+        .write(true)
+        .open(torn_dir.path().join(seg.file_name().unwrap()))
+        .unwrap();
+    let torn = encode(&rec(99));
+    f.write_all_at(&torn[..torn.len() / 2], MAGIC_LEN + 10 * size)
+        .unwrap();
+    let (_s, mut r, report) = Spool::open(lazy(torn_dir.path())).unwrap();
+    assert_eq!(
+        (report.pending, report.cut_bytes, report.ring_moved),
+        (10, torn.len() as u64 / 2, 0)
+    );
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
+
+    // A graceful close leaves the segment with every record and the ring empty.
+    spool.append(&rec(10)).unwrap();
     spool.close();
-    assert_eq!(fs::metadata(&seg).unwrap().len(), MAGIC_LEN + 10 * size);
+    assert_eq!(fs::metadata(&seg).unwrap().len(), MAGIC_LEN + 11 * size);
+    drop(spool);
+    let (_s, _r, report) = Spool::open(lazy(dir.path())).unwrap();
+    assert_eq!((report.ring_moved, report.pending), (0, 11));
+}
+
+#[test]
+fn a_full_ring_moves_itself_and_wraps_keeping_every_record_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // The smallest ring (one largest record); the flusher never runs on its own.
+    let c = SpoolConfig {
+        ring_bytes: (MAX_RECORD + HEADER) as u64,
+        ..lazy(dir.path())
+    };
+    let (spool, mut r, _) = Spool::open(c.clone()).unwrap();
+    let recs: Vec<Vec<u8>> = (0..200)
+        .map(|i| vec![(i % 251) as u8; 997 + 13 * i])
+        .collect();
+    let mut got = Vec::new();
+    for (i, p) in recs.iter().enumerate() {
+        spool.append(p).unwrap();
+        if i == 150 {
+            // A crash here: whatever the ring holds now comes back at the next open.
+            let crashed = snapshot(dir.path());
+            let (_s, mut r2, _) = Spool::open(SpoolConfig {
+                dir: crashed.path().to_path_buf(),
+                ..c.clone()
+            })
+            .unwrap();
+            // Nothing was committed: every record so far, from the segments and the ring.
+            assert_eq!(read_all(&mut r2).0, recs[..=150].to_vec());
+            drop((_s, r2));
+        }
+        if i % 40 == 0 {
+            got.extend(read_all(&mut r).0);
+        }
+    }
+    got.extend(read_all(&mut r).0);
+    assert_eq!(got, recs);
+    assert_eq!(spool.stats().io_errors, 0);
+}
+
+#[test]
+fn without_a_ring_every_append_is_in_the_segment_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = SpoolConfig {
+        ring_bytes: 0,
+        ..lazy(dir.path())
+    };
+    let (spool, mut r, _) = Spool::open(c.clone()).unwrap();
+    assert!(!dir.path().join(ring::RING).exists());
+    for i in 0..10 {
+        spool.append(&rec(i)).unwrap();
+    }
+    let size = encode(&rec(0)).len() as u64;
+    assert_eq!(
+        fs::metadata(last_segment(dir.path())).unwrap().len(),
+        MAGIC_LEN + 10 * size
+    );
+    assert_eq!(read_all(&mut r).0, (0..10).map(rec).collect::<Vec<_>>());
+    drop((spool, r));
+    // A spool that had a ring, opened without one: its records are moved, the file removed.
+    let (spool, _r, _) = Spool::open(lazy(dir.path())).unwrap();
+    spool.append(&rec(10)).unwrap();
+    let crashed = snapshot(dir.path());
+    drop(spool);
+    let (_s, mut r, report) = Spool::open(SpoolConfig {
+        dir: crashed.path().to_path_buf(),
+        ..c
+    })
+    .unwrap();
+    assert_eq!(report.ring_moved, 1);
+    assert!(!crashed.path().join(ring::RING).exists());
+    assert_eq!(read_all(&mut r).0, (0..11).map(rec).collect::<Vec<_>>());
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -195,7 +324,7 @@ fn segments_rotate_and_are_deleted_once_committed() {
     }
     assert_eq!(n, 60);
     assert_eq!(list_segments(dir.path()).unwrap().len(), 1);
-    // Closed, the active segment is cut to its records (while open it is preallocated).
+    // Closed, the segments hold every byte the spool counts (the ring is not counted).
     spool.close();
     let st = spool.stats();
     assert_eq!(st.pending, 0);

@@ -337,8 +337,9 @@ async fn sigkilled_after_1000_redirects_with_kafka_down_it_loses_no_click_and_cu
     assert_eq!(ids.len(), 1000, "one unique click id per redirect");
     lr.kill().await;
 
-    // The crash also left half a record behind (a copy cut short), right after the last whole
-    // one (the segment is preallocated: zeros follow), which must be cut off.
+    // The crash also left half a record behind (a move from the staging ring into the segment
+    // cut short), right after the last whole one, which must be cut off; what the ring still
+    // held is moved into a segment at the restart.
     let newest = std::fs::read_dir(spool.path())
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))

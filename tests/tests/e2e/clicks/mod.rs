@@ -371,6 +371,7 @@ async fn one_spool_replayed_twice_is_counted_once() {
         spool_segment_bytes: 256 << 10,
         spool_fsync_records: 1024,
         spool_fsync_ms: 20,
+        spool_ring_bytes: zlink_clients::spool::DEFAULT_RING_BYTES,
         clicks_topic: topic.clone(),
         clicks_message_bytes: 256 * 1024,
         clicks_timeout_ms: 1000,
