@@ -6,13 +6,21 @@
 //! client to close the connection, then let in-flight requests finish for at most `grace`.
 //!
 //! Past `max`, a new connection is still accepted and answered at once: `503` with
-//! `Retry-After: 1` and the JSON error body, `Connection: close` ([`answer_busy`]: a few hundred
-//! bytes and one small task, no hyper connection, no request parsed), so a client learns in
+//! `Retry-After: 1` and the JSON error body ([`Busy::serve`]: a few hundred bytes and one small
+//! task, no hyper connection; the request's head read with `httparse`), so a client learns in
 //! microseconds what it used to learn from its own timeout after waiting in the listen backlog,
-//! and the nginx in front moves the request to the next rung at once. At most `max` (at least
-//! 64) such answers are in progress (each a socket and 4 KiB, for microseconds when the client
-//! sends its request at once, at most three times [`BUSY_WAIT`] when it does not); past
-//! that a new connection is closed unanswered.
+//! and the nginx in front moves the request to the next rung at once. The connection is kept
+//! while its requests are plain ones (HTTP/1.1, no body, nothing sent behind the head, no
+//! `Connection: close`): the next request on it is refused with a read and a write, not with
+//! the connect, accept and close a closed connection makes the client pay again for, which
+//! under an overload cost the server as much CPU as the redirects it could not serve. After
+//! each answer the connection takes a slot if one is free and is served from then on
+//! (promoted, through the accept loop); idle for [`BUSY_IDLE`], or on shutdown, it is closed.
+//! Anything else gets the answer with `Connection: close`. At most four times `max` (at least
+//! 256, [`busy_max`]) busy connections are open at once (each a socket and a few hundred bytes
+//! of task); past that a new connection whose request is already there whole is answered with
+//! `Connection: close` from the accept loop itself ([`answer_at_once`]), and any other closed
+//! unanswered.
 //!
 //! Why the drain: closing an idle keep-alive connection races with the client sending its next
 //! request on it, and a proxy cannot retry a POST that met a reset (it may have been applied).
@@ -36,7 +44,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// The TCP peer of a request. [`serve`] runs each connection's task with its peer as a
@@ -73,9 +81,9 @@ impl Peer {
 pub struct ConnMetrics {
     /// Connections open now.
     pub open: IntGauge,
-    /// Connections answered 503 at once because every connection slot was taken.
+    /// Requests answered 503 at once because every connection slot was taken.
     pub limit_busy: IntCounter,
-    /// Connections closed unanswered because every slot and every busy answer was taken.
+    /// Connections closed unanswered because every slot and every busy connection was taken.
     pub limit_dropped: IntCounter,
 }
 
@@ -86,11 +94,11 @@ impl ConnMetrics {
             open: IntGauge::new("http_connections_open", "HTTP connections open now")?,
             limit_busy: IntCounter::new(
                 "http_connection_limit_busy_total",
-                "Connections answered 503 (Retry-After: 1) at once because every connection slot (--max-connections) was taken",
+                "Requests answered 503 (Retry-After: 1) at once because every connection slot (--max-connections) was taken",
             )?,
             limit_dropped: IntCounter::new(
                 "http_connection_limit_dropped_total",
-                "Connections closed unanswered because every connection slot and every busy answer (as many as --max-connections) was taken",
+                "Connections closed unanswered because every connection slot and every busy connection (four times --max-connections) was taken",
             )?,
         };
         registry.register(Box::new(m.open.clone()))?;
@@ -135,31 +143,41 @@ pub async fn serve<S, F>(
     // reference count between the cores on every request.
     let draining: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
     let slots = Arc::new(Semaphore::new(conns.max.max(1)));
-    let busy_slots = Arc::new(Semaphore::new(conns.max.max(64)));
+    let busy_slots = Arc::new(Semaphore::new(busy_max(conns.max)));
+    // Busy connections that took a freed slot come back here to be served (at most as many as
+    // busy slots are in flight).
+    let (promote, mut promoted) = tokio::sync::mpsc::unbounded_channel::<Promoted>();
     loop {
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, slot) = tokio::select! {
             _ = shutdown.cancelled() => break,
+            Some(p) = promoted.recv() => (p.stream, p.peer, p.slot),
             accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
+                Ok((stream, peer)) => match slots.clone().try_acquire_owned() {
+                    Ok(slot) => (stream, peer, slot),
+                    Err(_) => {
+                        match busy_slots.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                let busy = Busy {
+                                    slots: slots.clone(),
+                                    promote: promote.clone(),
+                                    shutdown: shutdown.clone(),
+                                    answered: conns.metrics.limit_busy.clone(),
+                                    _permit: permit,
+                                };
+                                tokio::spawn(busy.serve(stream, peer));
+                            }
+                            Err(_) if answer_at_once(stream) => conns.metrics.limit_busy.inc(),
+                            Err(_) => conns.metrics.limit_dropped.inc(),
+                        }
+                        continue;
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
             },
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            match busy_slots.clone().try_acquire_owned() {
-                Ok(busy) => {
-                    conns.metrics.limit_busy.inc();
-                    tokio::spawn(async move {
-                        answer_busy(stream).await;
-                        drop(busy);
-                    });
-                }
-                Err(_) => conns.metrics.limit_dropped.inc(),
-            }
-            continue;
         };
         let _ = stream.set_nodelay(true);
         let conn = graceful
@@ -174,8 +192,9 @@ pub async fn serve<S, F>(
             drop(slot);
         });
     }
-    // New connections are refused from here on.
+    // New connections are refused from here on, and busy ones are no longer promoted.
     drop(listener);
+    drop(promoted);
     if !conns.drain.is_zero() && conns.metrics.open.get() > 0 {
         draining.store(true, Ordering::Relaxed);
         tracing::info!(
@@ -195,14 +214,41 @@ pub async fn serve<S, F>(
     }
 }
 
-/// How long a busy answer waits for the client's request, and then for the client to close.
-const BUSY_WAIT: Duration = Duration::from_millis(250);
+/// How many busy connections may be open at once: four times the connection limit (at least
+/// 256). A client whose connections wait on a slow server opens more of them, and each one
+/// refused unanswered comes back as a new connect, so room for a generous pool of busy ones is
+/// what keeps the refusals cheap; each holds its socket and a few hundred bytes of task.
+fn busy_max(max: usize) -> usize {
+    max.max(64).saturating_mul(4)
+}
 
-/// The bytes of the answer past the connection limit: the tiers' JSON error (code
-/// `overloaded`), `Retry-After: 1`, `Connection: close`.
-fn busy_bytes() -> &'static [u8] {
-    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    BYTES.get_or_init(|| {
+/// How long a busy connection waits for a new client's first request, and for its answer to
+/// be taken.
+const BUSY_WAIT: Duration = Duration::from_millis(250);
+/// How long a kept busy connection waits for the client's next request before it is closed.
+const BUSY_IDLE: Duration = Duration::from_secs(1);
+
+/// A busy connection that took a freed slot, to be served by the accept loop.
+struct Promoted {
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    slot: OwnedSemaphorePermit,
+}
+
+/// A connection past the limit and what answering it needs; holds one busy slot for its life.
+struct Busy {
+    slots: Arc<Semaphore>,
+    promote: tokio::sync::mpsc::UnboundedSender<Promoted>,
+    shutdown: CancellationToken,
+    answered: IntCounter,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The answer past the connection limit: the tiers' JSON error (code `overloaded`),
+/// `Retry-After: 1`, and `Connection: close` when `close`.
+fn busy_bytes(close: bool) -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<[Vec<u8>; 2]> = std::sync::OnceLock::new();
+    let [keep, closing] = BYTES.get_or_init(|| {
         let resp = crate::error::render(
             http::StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
@@ -210,23 +256,31 @@ fn busy_bytes() -> &'static [u8] {
         );
         let (parts, body) = resp.into_parts();
         let body = full_bytes(body);
-        let mut out = b"HTTP/1.1 503 Service Unavailable\r\n".to_vec();
-        for (name, value) in &parts.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        out.extend_from_slice(
-            format!(
-                "retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-                body.len()
-            )
-            .as_bytes(),
-        );
-        out.extend_from_slice(&body);
-        out
-    })
+        let answer = |connection: &str| {
+            let mut out = b"HTTP/1.1 503 Service Unavailable\r\n".to_vec();
+            for (name, value) in &parts.headers {
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(
+                format!(
+                    "retry-after: 1\r\n{connection}content-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            out.extend_from_slice(&body);
+            out
+        };
+        [answer(""), answer("connection: close\r\n")]
+    });
+    if close {
+        closing
+    } else {
+        keep
+    }
 }
 
 /// The bytes of a `Full` body (ready at its first poll, by construction).
@@ -239,27 +293,169 @@ fn full_bytes(mut body: http_body_util::Full<bytes::Bytes>) -> bytes::Bytes {
     }
 }
 
-/// Answers a connection past the limit: reads what the client sent (its request, so closing
-/// does not reset the connection over unread bytes and lose the answer), writes the 503 and
-/// closes. Only a request larger than the buffer (or more sent behind it) is read on until the
-/// client closes. Each wait is at most [`BUSY_WAIT`].
-async fn answer_busy(mut stream: tokio::net::TcpStream) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let _ = stream.set_nodelay(true);
-    let mut buf = [0u8; 4096];
-    let first = tokio::time::timeout(BUSY_WAIT, stream.read(&mut buf)).await;
-    if tokio::time::timeout(BUSY_WAIT, stream.write_all(busy_bytes()))
-        .await
-        .is_err()
-    {
-        return;
+/// What the bytes read so far on a busy connection hold.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// Not a whole request head yet.
+    Partial,
+    /// A whole head after which the connection can be kept: HTTP/1.1, no body, no
+    /// `Connection: close`, nothing sent behind it.
+    Plain,
+    /// Anything else, answered with `Connection: close`: `unread` when more may follow what
+    /// was read (a body, pipelined bytes, a head that does not parse or did not end), which is
+    /// then read until the client closes, so that closing does not reset the connection over
+    /// unread bytes and lose the answer.
+    Closing { unread: bool },
+}
+
+fn read_head(buf: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; 48];
+    let mut req = httparse::Request::new(&mut headers);
+    let n = match req.parse(buf) {
+        Ok(httparse::Status::Partial) => return Head::Partial,
+        Ok(httparse::Status::Complete(n)) => n,
+        Err(_) => return Head::Closing { unread: true },
+    };
+    let (mut body, mut close) = (n != buf.len(), req.version != Some(1));
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("content-length") {
+            body |= h.value.trim_ascii() != b"0";
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            body = true;
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close |= h
+                .value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
     }
-    let _ = stream.shutdown().await;
-    if matches!(first, Ok(Ok(n)) if n == buf.len()) {
-        let _ = tokio::time::timeout(BUSY_WAIT, async {
-            while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
-        })
-        .await;
+    if body || close {
+        Head::Closing { unread: body }
+    } else {
+        Head::Plain
+    }
+}
+
+/// What one read on a busy connection found.
+enum Read {
+    Head(Head),
+    /// Closed by the client, or failed: nothing is owed.
+    Gone,
+    /// Nothing there after all (a spurious readiness).
+    Nothing,
+}
+
+impl Busy {
+    /// Answers each request on a connection past the limit `503` (see the module doc) until
+    /// the client closes, goes idle, sends something the connection cannot be kept after, or
+    /// a slot is free when its next request arrives (then the accept loop serves it, that
+    /// request included). Holds no buffer while it waits: its reads are `try_read`s into the
+    /// stack once the socket is readable, so a busy connection costs its socket and a few
+    /// hundred bytes of task.
+    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = stream;
+        let _ = stream.set_nodelay(true);
+        let mut first = true;
+        loop {
+            // A new connection that sends nothing within BUSY_WAIT is answered (and closed);
+            // a kept one idle for BUSY_IDLE is closed.
+            let wait = if first { BUSY_WAIT } else { BUSY_IDLE };
+            let ready = match tokio::time::timeout(wait, stream.readable()).await {
+                Ok(Ok(())) => true,
+                Ok(Err(_)) => return,
+                Err(_) if first => false,
+                Err(_) => return,
+            };
+            if ready && !self.shutdown.is_cancelled() {
+                if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+                    // The request stays unread for the connection's hyper to read. (The
+                    // accept loop gone since the check above drops it, request and all.)
+                    let _ = self.promote.send(Promoted { stream, peer, slot });
+                    return;
+                }
+            }
+            let head = if ready {
+                match read_now(&stream) {
+                    Read::Head(head) => head,
+                    Read::Gone => return,
+                    Read::Nothing => continue,
+                }
+            } else {
+                Head::Closing { unread: false }
+            };
+            first = false;
+            let close = head != Head::Plain || self.shutdown.is_cancelled();
+            self.answered.inc();
+            if tokio::time::timeout(BUSY_WAIT, stream.write_all(busy_bytes(close)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if close {
+                let _ = stream.shutdown().await;
+                if head == (Head::Closing { unread: true }) {
+                    read_until_closed(&stream).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Past every busy connection too: answers `503` with `Connection: close` right in the accept
+/// loop when the connection's request is already there whole (read without waiting: under an
+/// overload a connection waits in the listen backlog longer than its client takes to send),
+/// else closes it unanswered. No task, no wait: a read, a write and the close. `false`: closed
+/// unanswered.
+fn answer_at_once(stream: tokio::net::TcpStream) -> bool {
+    use std::io::{Read as _, Write as _};
+    // Out of the runtime's reactor: a stream it has not polled yet reads as not ready.
+    let Ok(mut stream) = stream.into_std() else {
+        return false;
+    };
+    let mut buf = [0u8; 4096];
+    let whole = match stream.read(&mut buf) {
+        Ok(n) if n > 0 => matches!(
+            read_head(&buf[..n]),
+            Head::Plain | Head::Closing { unread: false }
+        ),
+        _ => false,
+    };
+    // Only then: closing over unread bytes would reset the connection and lose the answer.
+    let bytes = busy_bytes(true);
+    whole && matches!(stream.write(bytes), Ok(n) if n == bytes.len())
+}
+
+/// One read of what a readable busy connection holds, as a request head. A head that did not
+/// arrive whole in this read is answered with `Connection: close`, as is one larger than the
+/// buffer.
+fn read_now(stream: &tokio::net::TcpStream) -> Read {
+    let mut buf = [0u8; 4096];
+    match stream.try_read(&mut buf) {
+        Ok(0) => Read::Gone,
+        Ok(n) => Read::Head(match read_head(&buf[..n]) {
+            Head::Partial => Head::Closing { unread: true },
+            head => head,
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Read::Nothing,
+        Err(_) => Read::Gone,
+    }
+}
+
+/// Reads (and drops) what the client still sends until it closes, for at most [`BUSY_WAIT`]:
+/// closing over unread bytes would reset the connection and could lose the answer.
+async fn read_until_closed(stream: &tokio::net::TcpStream) {
+    let until = tokio::time::Instant::now() + BUSY_WAIT;
+    while let Ok(Ok(())) = tokio::time::timeout_at(until, stream.readable()).await {
+        let mut buf = [0u8; 4096];
+        match stream.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
     }
 }
 
@@ -413,61 +609,218 @@ mod tests {
         String::from_utf8(got).unwrap()
     }
 
+    /// Reads one whole answer with a Content-Length from `s`: (head, body).
+    async fn read_answer(s: &mut TcpStream) -> (String, String) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8(got[..end + 4].to_vec()).unwrap();
+                let len: usize = head
+                    .to_ascii_lowercase()
+                    .split("content-length: ")
+                    .nth(1)
+                    .and_then(|r| r.split("\r\n").next())
+                    .and_then(|n| n.parse().ok())
+                    .expect("a content-length");
+                if got.len() >= end + 4 + len {
+                    let body = String::from_utf8(got[end + 4..end + 4 + len].to_vec()).unwrap();
+                    return (head, body);
+                }
+            }
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            assert!(
+                n > 0,
+                "closed mid-answer: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// The busy answer's head and body check out: 503, Retry-After, JSON `overloaded`, and
+    /// `Connection: close` exactly when `close`.
+    fn assert_busy(head: &str, body: &str, close: bool) {
+        assert!(
+            head.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{head}"
+        );
+        let lower = head.to_ascii_lowercase();
+        assert!(lower.contains("\r\nretry-after: 1\r\n"), "{head}");
+        assert!(
+            lower.contains("\r\ncontent-type: application/json"),
+            "{head}"
+        );
+        assert_eq!(lower.contains("\r\nconnection: close\r\n"), close, "{head}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["code"], "overloaded");
+    }
+
+    /// Polls (at most 2 s) until `f` holds.
+    async fn eventually(f: impl Fn() -> bool) -> bool {
+        for _ in 0..200 {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
     #[tokio::test]
-    async fn a_connection_past_the_limit_is_answered_503_at_once_and_closed() {
+    async fn a_connection_past_the_limit_is_answered_503_at_once_kept_and_served_once_a_slot_frees()
+    {
         let (addr, metrics, shutdown, server) = ok_server(1, Duration::ZERO).await;
 
         let mut first = TcpStream::connect(addr).await.unwrap();
         assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
         assert_eq!(metrics.open.get(), 1);
 
-        // The only slot is taken: the next connection gets the busy answer, not a wait.
+        // The only slot is taken: the next connection gets the busy answer, not a wait, and
+        // is kept: its next request is refused the same way, on the same connection.
         let mut second = TcpStream::connect(addr).await.unwrap();
-        second
-            .write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
-            .await
-            .unwrap();
-        let a = read_to_close(&mut second).await;
-        assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
-        let lower = a.to_ascii_lowercase();
-        assert!(lower.contains("\r\nretry-after: 1\r\n"), "{a}");
-        assert!(lower.contains("\r\nconnection: close\r\n"), "{a}");
-        assert!(lower.contains("\r\ncontent-type: application/json"), "{a}");
-        let body = a.split("\r\n\r\n").nth(1).unwrap();
-        let v: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(v["error"]["code"], "overloaded");
-        let len: usize = lower
-            .split("content-length: ")
-            .nth(1)
-            .and_then(|r| r.split("\r\n").next())
-            .and_then(|n| n.parse().ok())
-            .unwrap();
-        assert_eq!(len, body.len());
-        assert_eq!(metrics.limit_busy.get(), 1);
+        for n in 1..=2 {
+            second
+                .write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .unwrap();
+            let (head, body) = read_answer(&mut second).await;
+            assert_busy(&head, &body, false);
+            assert_eq!(metrics.limit_busy.get(), n);
+        }
 
-        // A client that connects and says nothing is answered too (after the read wait).
-        let mut silent = TcpStream::connect(addr).await.unwrap();
-        assert!(read_to_close(&mut silent).await.starts_with("HTTP/1.1 503"));
-        assert_eq!(metrics.limit_busy.get(), 2);
-
-        // The first is still served meanwhile (keep-alive on its slot), and once it closes
-        // the slot serves the next connection.
+        // The first is still served meanwhile (keep-alive on its slot); once it closes, the
+        // kept busy connection's next request takes the slot and is served.
         assert!(ask(&mut first).await.starts_with("HTTP/1.1 200"));
         drop(first);
-        let mut served = false;
-        for _ in 0..200 {
-            if metrics.open.get() == 0 {
-                let mut third = TcpStream::connect(addr).await.unwrap();
-                served = ask(&mut third).await.starts_with("HTTP/1.1 200");
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(served, "a freed slot serves the next connection");
+        assert!(eventually(|| metrics.open.get() == 0).await);
+        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
+        assert_eq!(metrics.open.get(), 1);
+        assert_eq!(metrics.limit_busy.get(), 2);
+        assert!(ask(&mut second).await.starts_with("HTTP/1.1 200"));
         assert_eq!(metrics.limit_dropped.get(), 0);
 
         shutdown.cancel();
+        drop(second);
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn past_the_limit_anything_but_a_plain_request_is_answered_503_and_closed() {
+        let (addr, metrics, shutdown, server) = ok_server(1, Duration::ZERO).await;
+        let mut holder = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut holder).await.starts_with("HTTP/1.1 200"));
+
+        let cases: [&[u8]; 5] = [
+            b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: keep-alive, Close\r\n\r\n",
+            b"GET /x HTTP/1.0\r\nHost: t\r\n\r\n",
+            // A body, sent along: read before the close, so the answer is not reset away.
+            b"POST /api HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello",
+            // Pipelined.
+            b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"NOT HTTP AT ALL\r\n\r\n",
+        ];
+        for (i, req) in cases.iter().enumerate() {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(req).await.unwrap();
+            let a = read_to_close(&mut s).await;
+            let (head, body) = a.split_once("\r\n\r\n").unwrap();
+            assert_busy(head, body, true);
+            assert_eq!(metrics.limit_busy.get(), i as u64 + 1);
+        }
+
+        // A client that connects and says nothing is answered too (after the read wait).
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let a = read_to_close(&mut silent).await;
+        let (head, body) = a.split_once("\r\n\r\n").unwrap();
+        assert_busy(head, body, true);
+
+        // A kept busy connection left idle is closed (after BUSY_IDLE), unanswered.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let (head, body) = read_answer(&mut idle).await;
+        assert_busy(&head, &body, false);
+        assert_eq!(read_to_close(&mut idle).await, "");
+        assert_eq!(metrics.limit_dropped.get(), 0);
+
+        shutdown.cancel();
+        drop(holder);
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn past_every_busy_connection_a_request_already_there_is_answered_from_the_accept_loop() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+
+        // The request is there before the accept (as after a wait in the backlog): answered.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut peek = [0u8; 1];
+        server.peek(&mut peek).await.unwrap();
+        assert!(answer_at_once(server));
+        let a = read_to_close(&mut client).await;
+        let (head, body) = a.split_once("\r\n\r\n").unwrap();
+        assert_busy(head, body, true);
+
+        // Nothing there yet, or a body behind the head: closed unanswered.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        assert!(!answer_at_once(server));
+        assert_eq!(read_to_close(&mut silent).await, "");
+        let mut post = TcpStream::connect(addr).await.unwrap();
+        post.write_all(b"POST /x HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi")
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        server.peek(&mut peek).await.unwrap();
+        assert!(!answer_at_once(server));
+    }
+
+    #[test]
+    fn a_busy_connection_is_kept_only_after_a_plain_request() {
+        let plain: [&[u8]; 3] = [
+            b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n",
+            b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+            b"HEAD /x HTTP/1.1\r\nhost: t\r\nconnection: closed-captions\r\n\r\n",
+        ];
+        for req in plain {
+            assert_eq!(
+                read_head(req),
+                Head::Plain,
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
+        assert_eq!(read_head(b"GET /x HTTP/1.1\r\nHost:"), Head::Partial);
+        let closing: [(&[u8], bool); 6] = [
+            (b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n", false),
+            (b"GET /x HTTP/1.0\r\n\r\n", false),
+            (b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\n", true),
+            (
+                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                true,
+            ),
+            (b"GET /x HTTP/1.1\r\n\r\nG", true),
+            (b"GET /x HTTP/1.1\r\nBad Header\r\n\r\n", true),
+        ];
+        for (req, unread) in closing {
+            assert_eq!(
+                read_head(req),
+                Head::Closing { unread },
+                "{}",
+                String::from_utf8_lossy(req)
+            );
+        }
     }
 
     #[tokio::test]

@@ -211,9 +211,21 @@ pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
     let n = rate.max(1) as usize * secs as usize;
     let urls = (0..n).map(|i| format!("{base}/{}", slugs[i % slugs.len()]));
     let start = Instant::now();
-    let a = Answers::new(&open_loop(&c, urls, rate).await?);
+    let answers = open_loop(&c, urls, rate).await?;
+    // Without an answer (status 0): the client's 10 s ran out, or the connection failed first
+    // (refused, reset, closed unanswered). Answered at all within 1 s of its scheduled time.
+    let timed_out = answers
+        .iter()
+        .filter(|a| a.1 == 0 && a.0 >= 9_999.0)
+        .count();
+    let failed = answers.iter().filter(|a| a.1 == 0).count() - timed_out;
+    let within_1s = answers
+        .iter()
+        .filter(|a| a.1 != 0 && a.0 <= 1_000.0)
+        .count();
+    let a = Answers::new(&answers);
     println!(
-        "RESULT paced_requests={n} rate={rate} seconds={:.1} status_302={} {} {}",
+        "RESULT paced_requests={n} rate={rate} seconds={:.1} status_302={} {} timed_out={timed_out} failed={failed} within_1s={within_1s} {}",
         start.elapsed().as_secs_f64(),
         a.count(302),
         a.not_302(),

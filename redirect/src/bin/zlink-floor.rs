@@ -6,7 +6,8 @@
 //! - `bare`: hyper's HTTP/1.1 connection with its defaults, one task per connection, what a
 //!   person comparing servers would write;
 //! - `kit`: the tiers' own accept loop ([`zlink_redirect::serve::serve`]: header read
-//!   deadline, connection slots, peer address, drain) around the same fixed answer;
+//!   deadline, connection slots, peer address, drain) around the same fixed answer, at most
+//!   `ZLINK_MAX_CONNECTIONS` (16,384) connections at once;
 //! - `click`: `bare`, and every GET also records the tiers' click
 //!   ([`zlink_clients::clicks::Clicks::record`]: the event, the spool append, its fsync thread,
 //!   the replayer and its producer to Kafka) and answers with its id, as a tier's ordinary
@@ -147,8 +148,13 @@ async fn click(listener: TcpListener, clicks: Arc<Clicks>, slug: String) {
 
 async fn kit(listener: TcpListener) {
     let registry = prometheus::Registry::new();
+    // `ZLINK_MAX_CONNECTIONS`, as the tiers read it (deploy/local/bench-overload sets it).
+    let max = std::env::var("ZLINK_MAX_CONNECTIONS")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(16_384);
     let conns = zlink_redirect::serve::Connections {
-        max: 16_384,
+        max,
         drain: Duration::ZERO,
         metrics: zlink_redirect::serve::ConnMetrics::register(&registry).expect("fresh registry"),
     };
