@@ -20,8 +20,8 @@ pub struct RuntimeArgs {
     /// docs/performance-notebook.md).
     #[arg(long, env = "ZLINK_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
-    /// HTTP connections served at once; past it a new connection is answered `503` with
-    /// `Retry-After: 1` at once and closed (zlink_redirect::serve).
+    /// HTTP connections served at once; past it a new connection's requests are answered `503`
+    /// with `Retry-After: 1` at once, until a slot frees (zlink_redirect::serve).
     /// What connections and their requests hold (buffers, in-flight redirects) is bounded by
     /// this instead of by the load: an open-loop overload of 30,000 requests a second took
     /// primary from 18 to 312 MiB without it, to 96 MiB with 4,096. The nginx tiers in front

@@ -13,9 +13,10 @@
 //! while its requests are plain ones (HTTP/1.1, no body, nothing sent behind the head, no
 //! `Connection: close`): the next request on it is refused with a read and a write, not with
 //! the connect, accept and close a closed connection makes the client pay again for, which
-//! under an overload cost the server as much CPU as the redirects it could not serve. After
-//! each answer the connection takes a slot if one is free and is served from then on
-//! (promoted, through the accept loop); idle for [`BUSY_IDLE`], or on shutdown, it is closed.
+//! under an overload cost the server as much CPU as the redirects it could not serve. When
+//! its next request arrives and a slot is free, the connection takes it and is served from
+//! then on, that request included (promoted, through the accept loop); idle for
+//! [`BUSY_IDLE`], or on shutdown, it is closed.
 //! Anything else gets the answer with `Connection: close`. At most four times `max` (at least
 //! 256, [`busy_max`]) busy connections are open at once (each a socket and a few hundred bytes
 //! of task); past that a new connection whose request is already there whole is answered with
