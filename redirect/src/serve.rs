@@ -6,7 +6,7 @@
 //! client to close the connection, then let in-flight requests finish for at most `grace`.
 //!
 //! Past `max`, a new connection is still accepted and answered at once: `503` with
-//! `Retry-After: 1` and the JSON error body ([`Busy::serve`]: a few hundred bytes and one small
+//! `Retry-After: 1` and the JSON error body ([`busy`]: a few hundred bytes and one small
 //! task, no hyper connection; the request's head read with `httparse`), so a client learns in
 //! microseconds what it used to learn from its own timeout after waiting in the listen backlog,
 //! and the nginx in front moves the request to the next rung at once. The connection is kept
@@ -16,7 +16,7 @@
 //! under an overload cost the server as much CPU as the redirects it could not serve. When
 //! its next request arrives and a slot is free, the connection takes it and is served from
 //! then on, that request included (promoted, through the accept loop); idle for
-//! [`BUSY_IDLE`], or on shutdown, it is closed.
+//! a second, or on shutdown, it is closed.
 //! Anything else gets the answer with `Connection: close`. At most four times `max` (at least
 //! 256, [`busy_max`]) busy connections are open at once (each a socket and a few hundred bytes
 //! of task); past that a new connection whose request is already there whole is answered with
@@ -45,8 +45,11 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+
+mod busy;
+use busy::{answer_at_once, busy_max, Busy, Promoted};
 
 /// The TCP peer of a request. [`serve`] runs each connection's task with its peer as a
 /// task-local ([`Peer::ip_of`] reads it while the request is handled in that task, as every
@@ -212,251 +215,6 @@ pub async fn serve<S, F>(
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all connections closed"),
         _ = tokio::time::sleep(grace) => tracing::warn!("grace period over; closing remaining connections"),
-    }
-}
-
-/// How many busy connections may be open at once: four times the connection limit (at least
-/// 256). A client whose connections wait on a slow server opens more of them, and each one
-/// refused unanswered comes back as a new connect, so room for a generous pool of busy ones is
-/// what keeps the refusals cheap; each holds its socket and a few hundred bytes of task.
-fn busy_max(max: usize) -> usize {
-    max.max(64).saturating_mul(4)
-}
-
-/// How long a busy connection waits for a new client's first request, and for its answer to
-/// be taken.
-const BUSY_WAIT: Duration = Duration::from_millis(250);
-/// How long a kept busy connection waits for the client's next request before it is closed.
-const BUSY_IDLE: Duration = Duration::from_secs(1);
-
-/// A busy connection that took a freed slot, to be served by the accept loop.
-struct Promoted {
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
-    slot: OwnedSemaphorePermit,
-}
-
-/// A connection past the limit and what answering it needs; holds one busy slot for its life.
-struct Busy {
-    slots: Arc<Semaphore>,
-    promote: tokio::sync::mpsc::UnboundedSender<Promoted>,
-    shutdown: CancellationToken,
-    answered: IntCounter,
-    _permit: OwnedSemaphorePermit,
-}
-
-/// The answer past the connection limit: the tiers' JSON error (code `overloaded`),
-/// `Retry-After: 1`, and `Connection: close` when `close`.
-fn busy_bytes(close: bool) -> &'static [u8] {
-    static BYTES: std::sync::OnceLock<[Vec<u8>; 2]> = std::sync::OnceLock::new();
-    let [keep, closing] = BYTES.get_or_init(|| {
-        let resp = crate::error::render(
-            http::StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded",
-            "too many connections, retry later",
-        );
-        let (parts, body) = resp.into_parts();
-        let body = full_bytes(body);
-        let answer = |connection: &str| {
-            let mut out = b"HTTP/1.1 503 Service Unavailable\r\n".to_vec();
-            for (name, value) in &parts.headers {
-                out.extend_from_slice(name.as_str().as_bytes());
-                out.extend_from_slice(b": ");
-                out.extend_from_slice(value.as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-            out.extend_from_slice(
-                format!(
-                    "retry-after: 1\r\n{connection}content-length: {}\r\n\r\n",
-                    body.len()
-                )
-                .as_bytes(),
-            );
-            out.extend_from_slice(&body);
-            out
-        };
-        [answer(""), answer("connection: close\r\n")]
-    });
-    if close {
-        closing
-    } else {
-        keep
-    }
-}
-
-/// The bytes of a `Full` body (ready at its first poll, by construction).
-fn full_bytes(mut body: http_body_util::Full<bytes::Bytes>) -> bytes::Bytes {
-    use hyper::body::Body;
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    match Pin::new(&mut body).poll_frame(&mut cx) {
-        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
-        _ => bytes::Bytes::new(),
-    }
-}
-
-/// What the bytes read so far on a busy connection hold.
-#[derive(Debug, PartialEq, Eq)]
-enum Head {
-    /// Not a whole request head yet.
-    Partial,
-    /// A whole head after which the connection can be kept: HTTP/1.1, no body, no
-    /// `Connection: close`, nothing sent behind it.
-    Plain,
-    /// Anything else, answered with `Connection: close`: `unread` when more may follow what
-    /// was read (a body, pipelined bytes, a head that does not parse or did not end), which is
-    /// then read until the client closes, so that closing does not reset the connection over
-    /// unread bytes and lose the answer.
-    Closing { unread: bool },
-}
-
-fn read_head(buf: &[u8]) -> Head {
-    let mut headers = [httparse::EMPTY_HEADER; 48];
-    let mut req = httparse::Request::new(&mut headers);
-    let n = match req.parse(buf) {
-        Ok(httparse::Status::Partial) => return Head::Partial,
-        Ok(httparse::Status::Complete(n)) => n,
-        Err(_) => return Head::Closing { unread: true },
-    };
-    let (mut body, mut close) = (n != buf.len(), req.version != Some(1));
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("content-length") {
-            body |= h.value.trim_ascii() != b"0";
-        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            body = true;
-        } else if h.name.eq_ignore_ascii_case("connection") {
-            close |= h
-                .value
-                .split(|&b| b == b',')
-                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-        }
-    }
-    if body || close {
-        Head::Closing { unread: body }
-    } else {
-        Head::Plain
-    }
-}
-
-/// What one read on a busy connection found.
-enum Read {
-    Head(Head),
-    /// Closed by the client, or failed: nothing is owed.
-    Gone,
-    /// Nothing there after all (a spurious readiness).
-    Nothing,
-}
-
-impl Busy {
-    /// Answers each request on a connection past the limit `503` (see the module doc) until
-    /// the client closes, goes idle, sends something the connection cannot be kept after, or
-    /// a slot is free when its next request arrives (then the accept loop serves it, that
-    /// request included). Holds no buffer while it waits: its reads are `try_read`s into the
-    /// stack once the socket is readable, so a busy connection costs its socket and a few
-    /// hundred bytes of task.
-    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
-        use tokio::io::AsyncWriteExt;
-        let mut stream = stream;
-        let _ = stream.set_nodelay(true);
-        let mut first = true;
-        loop {
-            // A new connection that sends nothing within BUSY_WAIT is answered (and closed);
-            // a kept one idle for BUSY_IDLE is closed.
-            let wait = if first { BUSY_WAIT } else { BUSY_IDLE };
-            let ready = match tokio::time::timeout(wait, stream.readable()).await {
-                Ok(Ok(())) => true,
-                Ok(Err(_)) => return,
-                Err(_) if first => false,
-                Err(_) => return,
-            };
-            if ready && !self.shutdown.is_cancelled() {
-                if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-                    // The request stays unread for the connection's hyper to read. (The
-                    // accept loop gone since the check above drops it, request and all.)
-                    let _ = self.promote.send(Promoted { stream, peer, slot });
-                    return;
-                }
-            }
-            let head = if ready {
-                match read_now(&stream) {
-                    Read::Head(head) => head,
-                    Read::Gone => return,
-                    Read::Nothing => continue,
-                }
-            } else {
-                Head::Closing { unread: false }
-            };
-            first = false;
-            let close = head != Head::Plain || self.shutdown.is_cancelled();
-            self.answered.inc();
-            if tokio::time::timeout(BUSY_WAIT, stream.write_all(busy_bytes(close)))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            if close {
-                let _ = stream.shutdown().await;
-                if head == (Head::Closing { unread: true }) {
-                    read_until_closed(&stream).await;
-                }
-                return;
-            }
-        }
-    }
-}
-
-/// Past every busy connection too: answers `503` with `Connection: close` right in the accept
-/// loop when the connection's request is already there whole (read without waiting: under an
-/// overload a connection waits in the listen backlog longer than its client takes to send),
-/// else closes it unanswered. No task, no wait: a read, a write and the close. `false`: closed
-/// unanswered.
-fn answer_at_once(stream: tokio::net::TcpStream) -> bool {
-    use std::io::{Read as _, Write as _};
-    // Out of the runtime's reactor: a stream it has not polled yet reads as not ready.
-    let Ok(mut stream) = stream.into_std() else {
-        return false;
-    };
-    let mut buf = [0u8; 4096];
-    let whole = match stream.read(&mut buf) {
-        Ok(n) if n > 0 => matches!(
-            read_head(&buf[..n]),
-            Head::Plain | Head::Closing { unread: false }
-        ),
-        _ => false,
-    };
-    // Only then: closing over unread bytes would reset the connection and lose the answer.
-    let bytes = busy_bytes(true);
-    whole && matches!(stream.write(bytes), Ok(n) if n == bytes.len())
-}
-
-/// One read of what a readable busy connection holds, as a request head. A head that did not
-/// arrive whole in this read is answered with `Connection: close`, as is one larger than the
-/// buffer.
-fn read_now(stream: &tokio::net::TcpStream) -> Read {
-    let mut buf = [0u8; 4096];
-    match stream.try_read(&mut buf) {
-        Ok(0) => Read::Gone,
-        Ok(n) => Read::Head(match read_head(&buf[..n]) {
-            Head::Partial => Head::Closing { unread: true },
-            head => head,
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Read::Nothing,
-        Err(_) => Read::Gone,
-    }
-}
-
-/// Reads (and drops) what the client still sends until it closes, for at most [`BUSY_WAIT`]:
-/// closing over unread bytes would reset the connection and could lose the answer.
-async fn read_until_closed(stream: &tokio::net::TcpStream) {
-    let until = tokio::time::Instant::now() + BUSY_WAIT;
-    while let Ok(Ok(())) = tokio::time::timeout_at(until, stream.readable()).await {
-        let mut buf = [0u8; 4096];
-        match stream.try_read(&mut buf) {
-            Ok(0) => return,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
-        }
     }
 }
 
@@ -660,6 +418,13 @@ mod tests {
         assert_eq!(v["error"]["code"], "overloaded");
     }
 
+    /// Reads to the close (no reset) a busy answer that says `Connection: close`.
+    async fn assert_busy_closed(s: &mut TcpStream) {
+        let a = read_to_close(s).await;
+        let (head, body) = a.split_once("\r\n\r\n").expect("a whole answer");
+        assert_busy(head, body, true);
+    }
+
     /// Polls (at most 2 s) until `f` holds.
     async fn eventually(f: impl Fn() -> bool) -> bool {
         for _ in 0..200 {
@@ -727,17 +492,13 @@ mod tests {
         for (i, req) in cases.iter().enumerate() {
             let mut s = TcpStream::connect(addr).await.unwrap();
             s.write_all(req).await.unwrap();
-            let a = read_to_close(&mut s).await;
-            let (head, body) = a.split_once("\r\n\r\n").unwrap();
-            assert_busy(head, body, true);
+            assert_busy_closed(&mut s).await;
             assert_eq!(metrics.limit_busy.get(), i as u64 + 1);
         }
 
         // A client that connects and says nothing is answered too (after the read wait).
         let mut silent = TcpStream::connect(addr).await.unwrap();
-        let a = read_to_close(&mut silent).await;
-        let (head, body) = a.split_once("\r\n\r\n").unwrap();
-        assert_busy(head, body, true);
+        assert_busy_closed(&mut silent).await;
 
         // A kept busy connection left idle is closed (after BUSY_IDLE), unanswered.
         let mut idle = TcpStream::connect(addr).await.unwrap();
@@ -769,9 +530,7 @@ mod tests {
         let mut peek = [0u8; 1];
         server.peek(&mut peek).await.unwrap();
         assert!(answer_at_once(server));
-        let a = read_to_close(&mut client).await;
-        let (head, body) = a.split_once("\r\n\r\n").unwrap();
-        assert_busy(head, body, true);
+        assert_busy_closed(&mut client).await;
 
         // Nothing there yet, or a body behind the head: closed unanswered.
         let mut silent = TcpStream::connect(addr).await.unwrap();
@@ -785,43 +544,6 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         server.peek(&mut peek).await.unwrap();
         assert!(!answer_at_once(server));
-    }
-
-    #[test]
-    fn a_busy_connection_is_kept_only_after_a_plain_request() {
-        let plain: [&[u8]; 3] = [
-            b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n",
-            b"GET /x HTTP/1.1\r\nHost: t\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
-            b"HEAD /x HTTP/1.1\r\nhost: t\r\nconnection: closed-captions\r\n\r\n",
-        ];
-        for req in plain {
-            assert_eq!(
-                read_head(req),
-                Head::Plain,
-                "{}",
-                String::from_utf8_lossy(req)
-            );
-        }
-        assert_eq!(read_head(b"GET /x HTTP/1.1\r\nHost:"), Head::Partial);
-        let closing: [(&[u8], bool); 6] = [
-            (b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n", false),
-            (b"GET /x HTTP/1.0\r\n\r\n", false),
-            (b"POST /x HTTP/1.1\r\nContent-Length: 3\r\n\r\n", true),
-            (
-                b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-                true,
-            ),
-            (b"GET /x HTTP/1.1\r\n\r\nG", true),
-            (b"GET /x HTTP/1.1\r\nBad Header\r\n\r\n", true),
-        ];
-        for (req, unread) in closing {
-            assert_eq!(
-                read_head(req),
-                Head::Closing { unread },
-                "{}",
-                String::from_utf8_lossy(req)
-            );
-        }
     }
 
     #[tokio::test]
