@@ -4,10 +4,12 @@
 //!
 //! Exactly once, in short (the argument in full: docs/design/data-flow.md, "Counting"): every click of a
 //! link goes to one partition of the clicks topic (the source); one counter owns a source at a
-//! time and counts its clicks in offset order. Per (link, day, source) it stores absolute counts
-//! together with `upto`, the offset of the newest click they include, written with that offset
-//! as the write timestamp; the ids of counted clicks go to a dedup index per (source, minute of
-//! the click) before the counts that include them. A redelivered click (offset ≤ `upto`) was
+//! time and counts its clicks in offset order. Per group of links, day and source (one row of
+//! `click_groups` for about 16 links; `click_sums`, a row per link, for days up to the cursor
+//! `click_sums_until`) it stores absolute counts together with `upto`, the offset of the newest
+//! click they include, written with that offset as the write timestamp; the ids of counted
+//! clicks go to a dedup index per (source, minute of the click) before the counts that include
+//! them. A redelivered click (offset ≤ `upto`) was
 //! counted; a copy of a click (same id, another offset) is found in the index; a zombie writer
 //! can only write values that are right for their offset, and the furthest offset wins.
 //!
@@ -55,6 +57,9 @@ pub struct ClickStore {
     read_sums_day: PreparedStatement,
     read_sums: PreparedStatement,
     write_sum: PreparedStatement,
+    read_groups_day: PreparedStatement,
+    read_groups: PreparedStatement,
+    write_group: PreparedStatement,
     read_seen: PreparedStatement,
     write_seen: PreparedStatement,
     add_index: PreparedStatement,
@@ -65,6 +70,9 @@ pub struct ClickStore {
     drop_month: PreparedStatement,
     /// The last day that may have `click_totals` rows (see [`LEGACY_UNTIL`]).
     legacy_until: i32,
+    /// The last day counted in `click_sums`, later days in `click_groups` (see [`SUMS_UNTIL`]):
+    /// never before `legacy_until` (only the `click_sums` path reads `click_totals`).
+    sums_until: i32,
     /// How far before its reads a roll-up is timestamped ([`ROLLUP_CLOCK_MARGIN_US`]).
     rollup_margin_us: i64,
 }
@@ -98,6 +106,20 @@ pub fn now_us() -> i64 {
     chrono::Utc::now().timestamp_micros()
 }
 
+/// The day the `cursors` row `name` holds; `i32::MAX` without one.
+async fn read_until(
+    session: &scylla::client::session::Session,
+    name: &str,
+) -> Result<i32, StoreError> {
+    let res = session
+        .query_unpaged("SELECT position FROM cursors WHERE name = ?", (name,))
+        .await
+        .map_err(store::unavailable)?;
+    Ok(store::first::<(Option<i64>,)>(res)?
+        .and_then(|(p,)| p)
+        .map_or(i32::MAX, |p| p.clamp(-1, i64::from(i32::MAX)) as i32))
+}
+
 impl ClickStore {
     pub async fn prepare(db: Arc<Db>) -> Result<Self, StoreError> {
         let session = db.session();
@@ -113,17 +135,11 @@ impl ClickStore {
         .await?;
         // Rows of up to 64 KiB: pages of 2 MiB at most.
         read_seen.set_page_size(32);
-        let legacy_until = session
-            .query_unpaged(
-                "SELECT position FROM cursors WHERE name = ?",
-                (LEGACY_UNTIL,),
-            )
-            .await
-            .map_err(store::unavailable)?;
         // No marker: a store not migrated since click_sums came; any day may have old rows.
-        let legacy_until = store::first::<(Option<i64>,)>(legacy_until)?
-            .and_then(|(p,)| p)
-            .map_or(i32::MAX, |p| p.clamp(-1, i64::from(i32::MAX)) as i32);
+        let legacy_until = read_until(session, LEGACY_UNTIL).await?;
+        // No marker: a store not migrated since click_groups came; every day goes on in
+        // click_sums.
+        let sums_until = read_until(session, SUMS_UNTIL).await?.max(legacy_until);
         Ok(ClickStore {
             read_legacy_day: prep(
                 "SELECT kind, key, n FROM click_counts \
@@ -159,6 +175,24 @@ impl ClickStore {
                 true,
             )
             .await?,
+            read_groups_day: prep(
+                "SELECT n FROM click_groups WHERE day = ? AND bucket = ? AND grp = ?",
+                true,
+            )
+            .await?,
+            read_groups: prep(
+                "SELECT grp, upto, n FROM click_groups \
+                 WHERE day = ? AND bucket = ? AND grp IN ? AND src = ?",
+                true,
+            )
+            .await?,
+            // Absolute values at a fixed timestamp: retrying it is harmless.
+            write_group: prep(
+                "UPDATE click_groups USING TIMESTAMP ? SET upto = ?, n = ? \
+                 WHERE day = ? AND bucket = ? AND grp = ? AND src = ?",
+                true,
+            )
+            .await?,
             read_seen,
             write_seen: prep(
                 "INSERT INTO click_seen (src, minute, upto, writer, ids) VALUES (?, ?, ?, ?, ?) \
@@ -189,6 +223,7 @@ impl ClickStore {
             )
             .await?,
             legacy_until,
+            sums_until,
             rollup_margin_us: ROLLUP_CLOCK_MARGIN_US,
             db,
         })
@@ -220,17 +255,27 @@ impl ClickStore {
         Ok(out)
     }
 
-    /// The count rows of one (link, day) in `click_sums`: every source's row.
+    /// The counts of one (link, day): every source's `click_sums` row and its member of every
+    /// source's `click_groups` row (both read whatever the cursor says: a row in either is a
+    /// count).
     async fn sums_day(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
-        let res = self
-            .db
-            .session()
-            .execute_unpaged(&self.read_sums_day, (day, bucket_of(slug), slug))
-            .await
-            .map_err(store::unavailable)?;
+        let session = self.db.session();
+        let bucket = bucket_of(slug);
+        let (sums, groups) = tokio::join!(
+            session.execute_unpaged(&self.read_sums_day, (day, bucket, slug)),
+            session.execute_unpaged(&self.read_groups_day, (day, bucket, group_of(slug))),
+        );
         let mut out = DayCounts::default();
-        for (blob,) in store::all::<(Option<Vec<u8>>,)>(res)? {
+        for (blob,) in store::all::<(Option<Vec<u8>>,)>(sums.map_err(store::unavailable)?)? {
             out.merge(DayCounts::decode(&blob.unwrap_or_default()));
+        }
+        for (blob,) in store::all::<(Option<Vec<u8>>,)>(groups.map_err(store::unavailable)?)? {
+            let blob = blob.unwrap_or_default();
+            for (member, counts) in decode_group(&blob) {
+                if member == slug {
+                    out.merge(DayCounts::decode(counts));
+                }
+            }
         }
         Ok(out)
     }

@@ -144,18 +144,41 @@ pub async fn migrate(cfg: &StoreConfig, replication_factor: u32) -> Result<(), S
     // a rolling upgrade, for up to a day) writes click_totals rows for clicks up to a day ahead:
     // the new counter reads their offsets for days up to two days from now. A store without
     // click_totals rows has none to read.
-    let legacy = session
-        .query_unpaged("SELECT slug FROM click_totals LIMIT 1", &[])
+    upgrade_cursor(
+        &session,
+        "click_totals",
+        crate::clicks::LEGACY_UNTIL,
+        now_ms,
+    )
+    .await?;
+    // Counters from this schema on write click_groups, except for the days up to this cursor,
+    // which go on in click_sums: a counter from before it (for up to a day of a rolling
+    // upgrade) writes click_sums rows for clicks up to a day ahead. A store without click_sums
+    // rows has none to go on with.
+    upgrade_cursor(&session, "click_sums", crate::clicks::SUMS_UNTIL, now_ms).await?;
+    Ok(())
+}
+
+/// Writes the cursor `name` once (never moved after): two days from now if the click table
+/// `table` has rows (the days a counter from before the change may still count there), else -1.
+async fn upgrade_cursor(
+    session: &Session,
+    table: &str,
+    name: &str,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let rows = session
+        .query_unpaged(format!("SELECT slug FROM {table} LIMIT 1"), &[])
         .await
         .map_err(unavailable)?;
-    let until = match first::<(String,)>(legacy)? {
+    let until = match first::<(String,)>(rows)? {
         Some(_) => i64::from(crate::clicks::day_of(now_ms)) + 2,
         None => -1,
     };
     session
         .query_unpaged(
             "INSERT INTO cursors (name, position) VALUES (?, ?) IF NOT EXISTS",
-            (crate::clicks::LEGACY_UNTIL, until),
+            (name, until),
         )
         .await
         .map_err(unavailable)?;
@@ -271,7 +294,7 @@ mod tests {
     #[test]
     fn schema_file_splits_into_create_statements() {
         let stmts = super::schema_statements();
-        assert_eq!(stmts.len(), 21);
+        assert_eq!(stmts.len(), 22);
         assert!(stmts
             .iter()
             .all(|s| s.starts_with("CREATE TABLE IF NOT EXISTS")));

@@ -44,15 +44,73 @@ pub const BUCKETS: i32 = 32;
 /// -1).
 pub const LEGACY_UNTIL: &str = "click_totals_until";
 
-/// The bucket of a link's click rows: FNV-1a (32 bit) of the slug's bytes mod [`BUCKETS`]
-/// (stable across builds and platforms, unlike std's hasher).
-pub fn bucket_of(slug: &str) -> i32 {
+/// Groups per (day, bucket) of `click_groups`: a link's counts of a day share one row with the
+/// other links of its group and source (about 16 of them at 100,000 links a day over 6
+/// sources), because the store's cost follows requests and rows, not bytes (issue 37). Part of
+/// the schema, as [`BUCKETS`].
+pub const GROUPS: i32 = 32;
+/// The `cursors` row naming the last day whose counts go to `click_sums` rather than
+/// `click_groups` (written by the migration that added `click_groups`: two days after it ran
+/// if `click_sums` had rows, so a counter from before it may still finish its day; else -1).
+pub const SUMS_UNTIL: &str = "click_sums_until";
+
+/// FNV-1a (32 bit) of the slug's bytes (stable across builds and platforms, unlike std's
+/// hasher).
+fn fnv1a(slug: &str) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for b in slug.bytes() {
         h ^= u32::from(b);
         h = h.wrapping_mul(0x0100_0193);
     }
-    (h % BUCKETS as u32) as i32
+    h
+}
+
+/// The bucket of a link's click rows: [`fnv1a`] of the slug mod [`BUCKETS`].
+pub fn bucket_of(slug: &str) -> i32 {
+    (fnv1a(slug) % BUCKETS as u32) as i32
+}
+
+/// The group of a link's counts within its bucket: the hash's next bits, mod [`GROUPS`].
+pub fn group_of(slug: &str) -> i32 {
+    ((fnv1a(slug) / BUCKETS as u32) % GROUPS as u32) as i32
+}
+
+/// A `click_groups.n` blob: per member, its slug (u16 big-endian length, UTF-8) and its counts
+/// ([`DayCounts::encode`]'s blob, u32 big-endian length).
+pub fn encode_group<'a>(members: impl IntoIterator<Item = (&'a str, Vec<u8>)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (slug, counts) in members {
+        let (Ok(len), Ok(n)) = (u16::try_from(slug.len()), u32::try_from(counts.len())) else {
+            continue;
+        };
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(slug.as_bytes());
+        out.extend_from_slice(&n.to_be_bytes());
+        out.extend_from_slice(&counts);
+    }
+    out
+}
+
+/// The members of a `click_groups.n` blob ([`encode_group`]): (slug, counts blob). Reading
+/// stops at the first member that is cut short or whose slug is not UTF-8.
+pub fn decode_group(mut b: &[u8]) -> Vec<(&str, &[u8])> {
+    let mut out = Vec::new();
+    while b.len() >= 2 {
+        let len = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        let Some(slug) = b.get(2..2 + len).and_then(|s| std::str::from_utf8(s).ok()) else {
+            break;
+        };
+        let Some(n) = b.get(2 + len..6 + len) else {
+            break;
+        };
+        let n = u32::from_be_bytes([n[0], n[1], n[2], n[3]]) as usize;
+        let Some(counts) = b.get(6 + len..6 + len + n) else {
+            break;
+        };
+        out.push((slug, counts));
+        b = &b[6 + len + n..];
+    }
+    out
 }
 
 /// A roll-up is written with a timestamp this far before its reads began, so that the

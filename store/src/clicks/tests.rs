@@ -426,3 +426,50 @@ proptest::proptest! {
         proptest::prop_assert_eq!(got.to_counts(), want);
     }
 }
+
+#[test]
+fn groups_are_stable_in_range_and_independent_of_the_bucket() {
+    // The bits above the bucket's: FNV-1a 32 of "a" is 0xe40c292c.
+    assert_eq!(
+        group_of("a"),
+        ((0xe40c_292cu32 / BUCKETS as u32) % GROUPS as u32) as i32
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..4096 {
+        let s = format!("link-{i}");
+        let g = group_of(&s);
+        assert!((0..GROUPS).contains(&g));
+        seen.insert((bucket_of(&s), g));
+    }
+    // 4,096 links over the 1,024 (bucket, group) pairs: nearly every pair used.
+    assert!(seen.len() > 950, "{}", seen.len());
+}
+
+#[test]
+fn a_group_blob_decodes_to_its_members_and_a_cut_one_to_its_whole_members() {
+    let mut a = DayCounts::default();
+    a.add(&[&ev(
+        Tier::Primary,
+        AgentClass::Browser,
+        Some("https://x.example/"),
+    )]);
+    let mut b = DayCounts::default();
+    b.add(&[&ev(Tier::Lastresort, AgentClass::Bot, None)]);
+    let blob = encode_group([("a", a.encode()), ("bé", b.encode()), ("c", Vec::new())]);
+    let members = decode_group(&blob);
+    assert_eq!(members.len(), 3);
+    assert_eq!(members[0].0, "a");
+    assert_eq!(DayCounts::decode(members[0].1), a);
+    assert_eq!(members[1].0, "bé");
+    assert_eq!(DayCounts::decode(members[1].1), b);
+    assert_eq!((members[2].0, members[2].1.len()), ("c", 0));
+    // Cut anywhere: the members before the cut, whole, and nothing else.
+    for cut in 0..blob.len() {
+        let got = decode_group(&blob[..cut]);
+        assert!(got.len() < 3 || cut == blob.len(), "cut {cut}");
+        for (i, (slug, counts)) in got.iter().enumerate() {
+            assert_eq!((*slug, *counts), members[i], "cut {cut}");
+        }
+    }
+    assert!(decode_group(&[0xff, 0xff, 1]).is_empty());
+}

@@ -6,12 +6,15 @@
 //! they include), and per minute of click time the ids already counted. A batch is decided in
 //! memory ([`plan`]: [`SourceState::plan`]), then written: the new ids first (`click_seen`, one row per
 //! minute and up to 2,048 ids, each with its offset), then the days new to the index
-//! (`click_index`), then every changed (link, day) as one row carrying `upto` and using it as
-//! the write timestamp (`click_sums`). Rows of one partition ((day, bucket) for the counts,
-//! (month, bucket) for the index; see [`super::bucket_of`]) go as one single-partition
-//! unlogged batch, so a batch of 5,000 clicks over 5,000 links costs about a hundred writes,
-//! not 5,000; state missing from memory is read the same way (one read per partition and up to
-//! 100 links). Only then does the caller store the batch's offsets.
+//! (`click_index`), then every group with a changed (link, day) as one row carrying every
+//! member's counts and `upto`, using it as the write timestamp (`click_groups`; days up to
+//! `click_sums_until`: a `click_sums` row per (link, day)). Rows of one partition ((day, bucket)
+//! for the counts, (month, bucket) for the index; see [`super::bucket_of`], [`super::group_of`])
+//! go as one single-partition unlogged batch, so a batch of 5,000 clicks over 5,000 links costs
+//! about 32 writes of some 30 group rows each, not 5,000 writes; state missing from memory is read the same
+//! way (one read per partition of its groups, or of up to 100 links), a group whole: memory
+//! holds a group whole or not at all, since its row is written from what memory holds. Only
+//! then does the caller store the batch's offsets.
 //!
 //! A batch that does not start where the last one ended (a rebalance moved the source away and
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
@@ -26,7 +29,8 @@
 //! row it writes is the same on each try, and idempotent).
 
 use super::{
-    bucket_of, day_of, is_late, month_of_day, now_us, Click, ClickStore, Counted, DayCounts,
+    bucket_of, day_of, decode_group, encode_group, is_late, month_of_day, now_us, Click,
+    ClickStore, Counted, DayCounts,
 };
 use crate::db::{self as store, StoreError};
 use scylla::serialize::row::SerializeRow;
@@ -39,8 +43,8 @@ use tokio::task::JoinSet;
 use uuid::Uuid;
 
 mod plan;
+use plan::{group_key, Group, Key, Map};
 pub use plan::{minute_of, Plan, SourceState, MINUTE_MS};
-use plan::{Key, Map};
 
 /// Ids per `click_seen` row (24 bytes each: the id and the offset it was counted at): 48 KiB.
 pub const IDS_PER_ROW: usize = 2048;
@@ -244,13 +248,23 @@ impl SourceCounter {
     /// read per minute, and per (day, bucket) one read of up to [`SLUGS_PER_READ`] links.
     async fn load(&mut self, events: &[(i64, Click)]) -> Result<(), StoreError> {
         let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
+        let mut groups: BTreeMap<(i32, i32), BTreeSet<i32>> = BTreeMap::new();
         let mut minutes: HashSet<i64> = HashSet::new();
+        let sums_until = self.store.sums_until;
         for (_, e) in events {
             let (slug, day) = (e.key(), day_of(e.at_ms));
             if self.state.key_missing(slug, day) {
-                let slugs = keys.entry((day, bucket_of(slug))).or_default();
-                if !slugs.contains(slug) {
-                    slugs.insert(slug.to_owned());
+                if day > sums_until {
+                    // Read whole, with its group; a link the group's row lacks joins it after.
+                    let g = group_key(slug, day);
+                    if self.state.group_missing(&g) {
+                        groups.entry((g.0, g.1)).or_default().insert(g.2);
+                    }
+                } else {
+                    let slugs = keys.entry((day, bucket_of(slug))).or_default();
+                    if !slugs.contains(slug) {
+                        slugs.insert(slug.to_owned());
+                    }
                 }
             }
             let m = minute_of(e.at_ms);
@@ -259,6 +273,9 @@ impl SourceCounter {
             }
         }
         let mut work: Vec<Load> = minutes.into_iter().map(Load::Minute).collect();
+        for ((day, bucket), grps) in groups {
+            work.push(Load::Groups(day, bucket, grps.into_iter().collect()));
+        }
         for ((day, bucket), slugs) in keys {
             let slugs: Vec<String> = slugs.into_iter().collect();
             for chunk in slugs.chunks(SLUGS_PER_READ) {
@@ -274,7 +291,7 @@ impl SourceCounter {
                 running.spawn(async move { item.run(&store, &src).await });
             }
             let Some(done) = running.join_next().await else {
-                return Ok(());
+                break;
             };
             match done.map_err(|e| StoreError::Unavailable(format!("click load task: {e}")))?? {
                 Loaded::Keys(found) => {
@@ -282,9 +299,21 @@ impl SourceCounter {
                         self.state.insert_key(k, upto, counts, listed);
                     }
                 }
+                Loaded::Groups(found) => {
+                    for (g, upto, members) in found {
+                        self.state.insert_group(g, upto, members);
+                    }
+                }
                 Loaded::Minute(m, ids) => self.state.insert_bucket(m, ids),
             }
         }
+        for (_, e) in events {
+            let (slug, day) = (e.key(), day_of(e.at_ms));
+            if day > sums_until && self.state.key_missing(slug, day) {
+                self.state.insert_new_member(slug, day);
+            }
+        }
+        Ok(())
     }
 
     async fn write_ids(&self, ids: &BTreeMap<i64, Vec<(i64, Uuid)>>) -> Result<(), StoreError> {
@@ -334,18 +363,27 @@ impl SourceCounter {
         self.write_partitions(|s| &s.add_index, parts).await
     }
 
-    /// Every changed (link, day)'s row, one single-partition batch per (day, bucket) (up to
-    /// [`ROWS_PER_BATCH`] rows each).
+    /// Every changed (link, day)'s counts: up to `click_sums_until` its own `click_sums` row,
+    /// after it its group's `click_groups` row, written whole (every member memory holds, which
+    /// is every member: groups are read and let go of whole). One single-partition batch per
+    /// (day, bucket) (up to [`ROWS_PER_BATCH`] rows each).
     async fn write_counts(
         &self,
         writes: &Map<Key, i64>,
         failpoint: Option<usize>,
     ) -> Result<(), StoreError> {
         type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
-        let failpoint = failpoint.filter(|n| *n < writes.len());
+        type GroupRow = (i64, i64, Vec<u8>, i32, i32, i32, String);
+        let sums_until = self.store.sums_until;
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
-        for (key, upto) in writes.iter().take(failpoint.unwrap_or(usize::MAX)) {
+        let mut touched: BTreeMap<Group, i64> = BTreeMap::new();
+        for (key, upto) in writes.iter() {
             let (slug, day) = key;
+            if *day > sums_until {
+                let t = touched.entry(group_key(slug, *day)).or_insert(-1);
+                *t = (*t).max(*upto);
+                continue;
+            }
             let bucket = bucket_of(slug);
             // The whole (link, day) as of `upto`: what `plan` left in memory.
             let counts = self
@@ -364,7 +402,43 @@ impl SourceCounter {
                 self.src.clone(),
             ));
         }
+        // Every member of every touched group, and the newest offset any of them includes.
+        let mut members: BTreeMap<Group, Vec<(&str, Vec<u8>)>> = BTreeMap::new();
+        if !touched.is_empty() {
+            for ((slug, day), ks) in &self.state.keys {
+                let g = group_key(slug, *day);
+                if let Some(upto) = touched.get_mut(&g) {
+                    *upto = (*upto).max(ks.upto());
+                    members
+                        .entry(g)
+                        .or_default()
+                        .push((slug, ks.counts.encode()));
+                }
+            }
+        }
+        let mut groups: BTreeMap<(i32, i32), Vec<GroupRow>> = BTreeMap::new();
+        for (g, upto) in &touched {
+            let mut m = members.remove(g).unwrap_or_default();
+            m.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            groups.entry((g.0, g.1)).or_default().push((
+                upto + 1,
+                *upto,
+                encode_group(m),
+                g.0,
+                g.1,
+                g.2,
+                self.src.clone(),
+            ));
+        }
+        let total = parts.values().map(Vec::len).sum::<usize>() + touched.len();
+        let failpoint = failpoint.filter(|n| *n < total);
+        if let Some(n) = failpoint {
+            truncate_rows(&mut parts, n);
+            let left = n.saturating_sub(parts.values().map(Vec::len).sum());
+            truncate_rows(&mut groups, left);
+        }
         self.write_partitions(|s| &s.write_sum, parts).await?;
+        self.write_partitions(|s| &s.write_group, groups).await?;
         match failpoint {
             Some(n) => Err(StoreError::Unavailable(format!(
                 "failpoint: stopped after {n} count writes"
@@ -444,6 +518,15 @@ impl SourceCounter {
     }
 }
 
+/// Keeps the first `n` rows of `parts`, in their order.
+fn truncate_rows<K: Ord, R>(parts: &mut BTreeMap<K, Vec<R>>, mut n: usize) {
+    for rows in parts.values_mut() {
+        rows.truncate(n);
+        n -= rows.len();
+    }
+    parts.retain(|_, rows| !rows.is_empty());
+}
+
 /// Each partition's rows in chunks of at most [`ROWS_PER_BATCH`].
 fn chunked<K, R>(parts: BTreeMap<K, Vec<R>>) -> Vec<Vec<R>> {
     let mut out = Vec::new();
@@ -471,8 +554,13 @@ fn batch_of(stmt: &PreparedStatement, n: usize) -> Batch {
 enum Load {
     /// Links of one (day, bucket).
     Keys(i32, i32, Vec<String>),
+    /// Groups of one (day, bucket).
+    Groups(i32, i32, Vec<i32>),
     Minute(i64),
 }
+
+/// A group read: its key, `upto` (-1: no row) and its members' counts.
+type LoadedGroup = (Group, i64, Vec<(String, DayCounts)>);
 
 /// A (link, day)'s state: the key, `upto`, the counts in `click_sums`, and whether
 /// `click_index` lists it.
@@ -480,6 +568,7 @@ type LoadedKey = (Key, i64, DayCounts, bool);
 
 enum Loaded {
     Keys(Vec<LoadedKey>),
+    Groups(Vec<LoadedGroup>),
     Minute(i64, Map<Uuid, i64>),
 }
 
@@ -527,6 +616,29 @@ impl Load {
                     })
                     .collect();
                 Ok(Loaded::Keys(found))
+            }
+            Load::Groups(day, bucket, grps) => {
+                let res = session
+                    .execute_unpaged(&store.read_groups, (day, bucket, &grps, src))
+                    .await
+                    .map_err(store::unavailable)?;
+                let mut rows: HashMap<i32, (i64, Vec<(String, DayCounts)>)> = HashMap::new();
+                for (grp, upto, blob) in store::all::<(i32, Option<i64>, Option<Vec<u8>>)>(res)? {
+                    let blob = blob.unwrap_or_default();
+                    let members = decode_group(&blob)
+                        .into_iter()
+                        .map(|(slug, counts)| (slug.to_owned(), DayCounts::decode(counts)))
+                        .collect();
+                    rows.insert(grp, (upto.unwrap_or(-1), members));
+                }
+                let found = grps
+                    .into_iter()
+                    .map(|grp| {
+                        let (upto, members) = rows.remove(&grp).unwrap_or((-1, Vec::new()));
+                        ((day, bucket, grp), upto, members)
+                    })
+                    .collect();
+                Ok(Loaded::Groups(found))
             }
             Load::Minute(minute) => {
                 let mut ids: Map<Uuid, i64> = Map::default();

@@ -4,7 +4,7 @@
 //! state this needs and writes the plan.
 
 use super::Limits;
-use crate::clicks::{day_of, Click, Counted, DayCounts, Tally};
+use crate::clicks::{bucket_of, day_of, group_of, Click, Counted, DayCounts, Tally};
 use std::borrow::Borrow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -66,6 +66,13 @@ impl PartialEq for dyn KeyRef + '_ {
 
 impl Eq for dyn KeyRef + '_ {}
 
+impl KeyState {
+    /// Offset of the newest click included (-1: none).
+    pub(super) fn upto(&self) -> i64 {
+        self.upto
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub(super) struct KeyState {
     /// Offset of the newest click included (-1: none).
@@ -74,6 +81,22 @@ pub(super) struct KeyState {
     /// `click_days` has this (link, day).
     pub(super) listed: bool,
     touched: u64,
+}
+
+/// A group of `click_groups`: (day, bucket, group).
+pub(super) type Group = (i32, i32, i32);
+
+/// The group of a (link, day).
+pub(super) fn group_key(slug: &str, day: i32) -> Group {
+    (day, bucket_of(slug), group_of(slug))
+}
+
+/// A group whose row was read: every member the row has is in `keys`, and a link of the group
+/// that is not was never counted up to `upto` (the row includes every click of every member
+/// up to it).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupState {
+    pub(super) upto: i64,
 }
 
 #[derive(Debug, Default)]
@@ -130,6 +153,9 @@ pub struct SourceState {
     /// The offset the next batch must start at for this state to still be the truth.
     pub(super) next: Option<i64>,
     pub(super) keys: Map<Key, KeyState>,
+    /// The groups read (days after `click_sums_until`): in memory whole or not at all, since a
+    /// group's row is written whole from what memory holds.
+    pub(super) groups: Map<Group, GroupState>,
     buckets: Map<i64, Bucket>,
     pub(super) ids: usize,
     clock: u64,
@@ -138,6 +164,29 @@ pub struct SourceState {
 impl SourceState {
     pub(super) fn key_missing(&self, slug: &str, day: i32) -> bool {
         !self.keys.contains_key(&(slug, day) as &dyn KeyRef)
+    }
+
+    pub(super) fn group_missing(&self, g: &Group) -> bool {
+        !self.groups.contains_key(g)
+    }
+
+    /// A read group: its members, and the group itself (so every other link of it is known to
+    /// have no clicks up to `upto`).
+    pub(super) fn insert_group(&mut self, g: Group, upto: i64, members: Vec<(String, DayCounts)>) {
+        for (slug, counts) in members {
+            // Memory holds the group whole or not at all: a member is only ever missing here.
+            self.insert_key((slug, g.0), upto, counts, true);
+        }
+        self.groups.insert(g, GroupState { upto });
+    }
+
+    /// A link of a read group that its row does not have: no clicks up to the group's `upto`.
+    pub(super) fn insert_new_member(&mut self, slug: &str, day: i32) {
+        let upto = self
+            .groups
+            .get(&group_key(slug, day))
+            .map_or(-1, |g| g.upto);
+        self.insert_key((slug.to_owned(), day), upto, DayCounts::default(), false);
     }
 
     pub(super) fn bucket_missing(&self, minute: i64) -> bool {
@@ -227,7 +276,8 @@ impl SourceState {
     }
 
     /// Drops the least recently used (link, day) states and minutes beyond the limits (down to
-    /// 90% of them), never those the last batch used.
+    /// 90% of them), never those the last batch used. A read group goes whole: kept while any
+    /// of its members is.
     pub(super) fn evict(&mut self, limits: &Limits) {
         if self.keys.len() > limits.keys {
             let keep = limits.keys * 9 / 10;
@@ -235,7 +285,21 @@ impl SourceState {
             let cut = self.keys.len() - keep;
             let (_, nth, _) = ages.select_nth_unstable(cut.saturating_sub(1));
             let threshold = (*nth).min(self.clock - 1);
-            self.keys.retain(|_, k| k.touched > threshold);
+            let mut newest: Map<Group, u64> = Map::default();
+            for ((slug, day), k) in &self.keys {
+                let g = group_key(slug, *day);
+                if self.groups.contains_key(&g) {
+                    let t = newest.entry(g).or_insert(0);
+                    *t = (*t).max(k.touched);
+                }
+            }
+            self.keys
+                .retain(|(slug, day), k| match newest.get(&group_key(slug, *day)) {
+                    Some(t) => *t > threshold,
+                    None => k.touched > threshold,
+                });
+            self.groups
+                .retain(|g, _| newest.get(g).is_some_and(|t| *t > threshold));
         }
         if self.ids > limits.ids {
             let mut minutes: Vec<(u64, i64, usize)> = self
@@ -472,6 +536,43 @@ mod tests {
         assert_eq!(again.counted, 0);
         assert_eq!(again.redelivered + again.duplicates, 6);
         assert!(again.is_empty());
+    }
+
+    #[test]
+    fn a_read_group_is_let_go_of_whole_or_not_at_all() {
+        let limits = Limits {
+            keys: 40,
+            ..Limits::default()
+        };
+        let day = day_of(AT);
+        let mut s = SourceState::default();
+        // 200 links; each link's group read (with no row) as its first click needs it.
+        let clicks: Vec<Click> = (0..200).map(|i| ev(&format!("g{i}"), AT)).collect();
+        for c in &clicks {
+            let g = group_key(c.key(), day);
+            if s.group_missing(&g) {
+                s.insert_group(g, -1, Vec::new());
+            }
+            s.insert_new_member(c.key(), day);
+            s.insert_bucket(minute_of(AT), Map::default());
+        }
+        let refs: Vec<(i64, &Click)> = (0..).zip(clicks.iter()).collect();
+        s.plan(&refs[..150]);
+        s.plan(&refs[150..]);
+        s.evict(&limits);
+        assert!(s.keys.len() < 200, "something was let go of");
+        for c in &clicks {
+            let key = (c.key().to_string(), day);
+            assert_eq!(
+                s.keys.contains_key(&key),
+                !s.group_missing(&group_key(c.key(), day)),
+                "{key:?}: in memory exactly when its group is"
+            );
+        }
+        // What the last batch used stays.
+        for c in &clicks[150..] {
+            assert!(s.keys.contains_key(&(c.key().to_string(), day)));
+        }
     }
 
     #[test]

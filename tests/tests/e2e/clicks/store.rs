@@ -1,6 +1,6 @@
 //! The counter's writer and the stats read model driven directly against the store: racing
 //! writers and a crash mid-write, month roll-ups and late clicks, rows of the counter before
-//! `click_sums`.
+//! `click_sums`, and the days counted in `click_sums` beside those in `click_groups`.
 
 use super::*;
 
@@ -98,6 +98,16 @@ async fn writers_racing_on_one_source_and_a_crash_in_mid_write_count_every_click
     assert_eq!(again.counted, 0, "nothing counted twice: {again:?}");
     assert_eq!(again.redelivered, 1200);
     assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
+}
+
+/// A session of its own in keyspace `ks`, for writing rows the counter did not.
+async fn session_in(infra: &Infra, ks: &str) -> scylla::client::session::Session {
+    scylla::client::session_builder::SessionBuilder::new()
+        .known_node(&infra.cql)
+        .use_keyspace(ks, false)
+        .build()
+        .await
+        .unwrap()
 }
 
 /// Folds `part` into `c`'s window in batches of `size`: what they decided, summed.
@@ -337,12 +347,7 @@ async fn rows_of_the_counter_before_click_sums_are_read_and_their_clicks_not_cou
     use zlink_store::clicks::{cell_name, DayCounts};
     let infra = Infra::from_env();
     let ks = fresh_keyspace(&infra).await;
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_node(&infra.cql)
-        .use_keyspace(&ks, false)
-        .build()
-        .await
-        .unwrap();
+    let session = session_in(&infra, &ks).await;
     let src = format!("clicks-{ks}:0");
     let at = now_ms();
     let events: Vec<ClickEvent> = (0..5)
@@ -412,4 +417,69 @@ async fn rows_of_the_counter_before_click_sums_are_read_and_their_clicks_not_cou
     let since = day_of(now_ms()) - 3;
     let stats = cs.link_stats("upgraded", since).await.unwrap();
     assert_eq!(stats, expected(&events).remove("upgraded").unwrap());
+}
+
+/// The upgrade to `click_groups`: days up to the cursor `click_sums_until` go on in
+/// `click_sums` (a counter from before may still be counting them), later days go to
+/// `click_groups`, and the stats sum both tables. One click in five is a copy, a third of them
+/// are a day or two old (so on both sides of the cursor), and a successor re-reading half the
+/// stream counts nothing again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn days_up_to_the_sums_cursor_stay_in_click_sums_and_later_ones_go_to_groups() {
+    use std::collections::BTreeSet;
+    let infra = Infra::from_env();
+    let ks = fresh_keyspace(&infra).await;
+    let session = session_in(&infra, &ks).await;
+    let today = day_of(now_ms());
+    session
+        .query_unpaged(
+            "UPDATE cursors SET position = ? WHERE name = 'click_sums_until'",
+            (i64::from(today - 1),),
+        )
+        .await
+        .unwrap();
+    let cs = click_store(&infra, &ks).await;
+    let (originals, stream) = stream_with_copies(600, 50, 3);
+    let want = expected(&originals);
+    let slugs: Vec<String> = want.keys().cloned().collect();
+    let src = format!("clicks-{ks}:0");
+    let mut counter = SourceCounter::new(cs.clone(), src.clone(), Limits::default());
+    for batch in stream.chunks(100) {
+        count_batch(&mut counter, batch).await.unwrap();
+    }
+    assert_eq!(stats_of(&cs, &slugs).await, want, "every click once");
+
+    let days_of = |table: &'static str| {
+        let session = &session;
+        async move {
+            let res = session
+                .query_unpaged(format!("SELECT day FROM {table}"), ())
+                .await
+                .unwrap()
+                .into_rows_result()
+                .unwrap();
+            res.rows::<(i32,)>()
+                .unwrap()
+                .map(|r| r.unwrap().0)
+                .collect::<BTreeSet<i32>>()
+        }
+    };
+    assert_eq!(
+        days_of("click_sums").await,
+        BTreeSet::from([today - 2, today - 1]),
+        "the days up to the cursor in click_sums"
+    );
+    assert_eq!(
+        days_of("click_groups").await,
+        BTreeSet::from([today]),
+        "the days after it in click_groups"
+    );
+
+    let mut next = SourceCounter::new(cs.clone(), src, Limits::default());
+    let mut again = Counted::default();
+    for batch in stream[300..].chunks(77) {
+        again += count_batch(&mut next, batch).await.unwrap();
+    }
+    assert_eq!(again.counted, 0, "nothing counted twice: {again:?}");
+    assert_eq!(stats_of(&cs, &slugs).await, want, "and still once");
 }
