@@ -11,10 +11,10 @@
 //! `click_sums_until`: a `click_sums` row per (link, day)). Rows of one partition ((day, bucket)
 //! for the counts, (month, bucket) for the index; see [`super::bucket_of`], [`super::group_of`])
 //! go as one single-partition unlogged batch, so a batch of 5,000 clicks over 5,000 links costs
-//! about 32 writes of some 30 group rows each, not 5,000 writes; state missing from memory is read the same
-//! way (one read per partition of its groups, or of up to 100 links), a group whole: memory
-//! holds a group whole or not at all, since its row is written from what memory holds. Only
-//! then does the caller store the batch's offsets.
+//! about 32 writes of some 30 group rows each, not 5,000 writes; state missing from memory is
+//! read the same way (one read per partition of its groups, or of up to 100 links), a group
+//! whole: memory holds a group whole or not at all, since its row is written from what memory
+//! holds. Only then does the caller store the batch's offsets.
 //!
 //! A batch that does not start where the last one ended (a rebalance moved the source away and
 //! back, or the group's position jumped) drops the state first, and so does any failed batch:
@@ -245,7 +245,9 @@ impl SourceCounter {
     }
 
     /// Reads the state of every (link, day) and minute the batch touches and memory lacks: a
-    /// read per minute, and per (day, bucket) one read of up to [`SLUGS_PER_READ`] links.
+    /// read per minute, and per (day, bucket) one read of its missing groups (days after
+    /// `click_sums_until`; a link its group's row lacks then joins the group) or of up to
+    /// [`SLUGS_PER_READ`] links (days up to it).
     async fn load(&mut self, events: &[(i64, Click)]) -> Result<(), StoreError> {
         let mut keys: BTreeMap<(i32, i32), BTreeSet<String>> = BTreeMap::new();
         let mut groups: BTreeMap<(i32, i32), BTreeSet<i32>> = BTreeMap::new();
