@@ -20,8 +20,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     zlink_clients::trace::init(&cfg.trace, &cfg.instance).map_err(anyhow::Error::msg)?;
     let shutdown = zlink_clients::process::shutdown_on_signals();
     let app = App::build(&cfg, Arc::new(Metrics::new())).map_err(anyhow::Error::msg)?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let listener = zlink_redirect::serve::bind(cfg.listen)
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, bucket = %cfg.s3.s3_bucket, "lastresort serving");
     app.run(listener, shutdown).await;

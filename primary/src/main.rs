@@ -20,8 +20,7 @@ async fn serve(cfg: ServeConfig) -> anyhow::Result<()> {
     let app = App::build(&cfg, db, Arc::new(SystemClock), None)
         .await
         .map_err(anyhow::Error::msg)?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let listener = zlink_redirect::serve::bind(cfg.listen)
         .with_context(|| format!("binding {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, instance = %cfg.instance, keyspace = %cfg.store.keyspace, "primary serving");
     app.run(listener, shutdown).await;

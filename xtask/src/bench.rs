@@ -107,7 +107,7 @@ async fn timed_get(c: reqwest::Client, url: String, from: Instant) -> (f64, u16)
 /// GETs `urls` open loop, request i at i / `rate` s from now (a stall counts for every request
 /// it delays), and waits for every answer.
 async fn open_loop(
-    c: &reqwest::Client,
+    clients: &[reqwest::Client],
     urls: impl ExactSizeIterator<Item = String>,
     rate: u32,
 ) -> Result<Vec<(f64, u16)>> {
@@ -117,7 +117,8 @@ async fn open_loop(
     for (i, url) in urls.enumerate() {
         let at = start + period * u32::try_from(i)?;
         tokio::time::sleep_until(at.into()).await;
-        tasks.push(tokio::spawn(timed_get(c.clone(), url, at)));
+        let c = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(timed_get(c, url, at)));
     }
     let mut answers = Vec::with_capacity(tasks.len());
     for t in tasks {
@@ -187,7 +188,7 @@ pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
             answers
         }
         // Bounded by the file's length.
-        Some(rate) => open_loop(&c, urls, rate).await?,
+        Some(rate) => open_loop(std::slice::from_ref(&c), urls, rate).await?,
     };
     let a = Answers::new(&answers);
     println!(
@@ -205,8 +206,21 @@ pub async fn cold(base: &str, file: &str, rate: Option<u32>) -> Result<()> {
 /// seconds (a bounded count: rate × secs), as background redirect load beside another
 /// benchmark; prints how many answered 302, the other answers, and p50/p99/max in ms from each
 /// request's scheduled start.
-pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
-    let c = client(None)?;
+///
+/// `sources` > 1: the requests take turns over that many clients, each with its own pool and
+/// its own loopback source address (127.0.1.1, 127.0.1.2, …), as that many client machines
+/// would. One address has some 28,000 ephemeral ports to one server port; a client that
+/// opens connections by the ten thousand, while the server closes others, spends its core in
+/// the kernel's search for a free port (`__inet_hash_connect`), and the run then measures
+/// the load generator.
+pub async fn pace(base: &str, file: &str, rate: u32, secs: u32, sources: u8) -> Result<()> {
+    let clients = if sources <= 1 {
+        vec![client(None)?]
+    } else {
+        (1..=sources)
+            .map(|k| client(Some(IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 1, k)))))
+            .collect::<Result<Vec<_>>>()?
+    };
     let slugs = slugs_in(file)?;
     if slugs.is_empty() {
         bail!("no slugs in {file}");
@@ -214,7 +228,7 @@ pub async fn pace(base: &str, file: &str, rate: u32, secs: u32) -> Result<()> {
     let n = rate.max(1) as usize * secs as usize;
     let urls = (0..n).map(|i| format!("{base}/{}", slugs[i % slugs.len()]));
     let start = Instant::now();
-    let answers = open_loop(&c, urls, rate).await?;
+    let answers = open_loop(&clients, urls, rate).await?;
     // Without an answer (status 0): the client's timeout ran out (latencies are from the
     // scheduled time, so at least that), or the connection failed first (refused, reset,
     // closed unanswered). Answered at all within 1 s of its scheduled time.

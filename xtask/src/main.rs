@@ -122,6 +122,9 @@ enum Cmd {
         rate: u32,
         #[arg(long)]
         secs: u32,
+        /// Clients with a loopback source address each (127.0.1.1 and on), taking turns.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=200))]
+        sources: u8,
     },
     /// Wait (at most 120 s) until every slug of FILE is readable in S3.
     WaitS3 { file: String },
@@ -274,7 +277,8 @@ fn main() -> Result<()> {
             file,
             rate,
             secs,
-        } => rt()?.block_on(bench::pace(&base, &file, rate, secs)),
+            sources,
+        } => rt()?.block_on(bench::pace(&base, &file, rate, secs, sources)),
         Cmd::WaitS3 { file } => rt()?.block_on(bench::wait_s3(&file)),
         Cmd::Flood {
             base,

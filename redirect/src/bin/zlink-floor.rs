@@ -190,7 +190,13 @@ fn main() {
     }
     let rt = zlink_clients::process::runtime(workers).expect("tokio runtime");
     rt.block_on(async {
-        let listener = match TcpListener::bind(listen.as_str()).await {
+        // `bare` listens as a person comparing servers would (tokio's `bind`), the others
+        // as the tiers do.
+        let bound = match listen.parse::<SocketAddr>() {
+            Ok(addr) if mode != "bare" => zlink_redirect::serve::bind(addr),
+            _ => TcpListener::bind(listen.as_str()).await,
+        };
+        let listener = match bound {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("zlink-floor: cannot listen on {listen}: {e}");
