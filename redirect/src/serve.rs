@@ -18,8 +18,8 @@
 //! then on, that request included (promoted, through the accept loop); idle for
 //! a second, or on shutdown, it is closed.
 //! Anything else gets the answer with `Connection: close`. At most four times `max` (at least
-//! 256, [`busy_max`]) busy connections are open at once (each a socket and a few hundred bytes
-//! of task); past that a new connection whose request is already there whole is answered with
+//! 16,384, [`busy_max`]) busy connections are open at once (each its socket, about 3 KiB of
+//! the kernel's, and about 1.4 KiB of task); past that a new connection whose request is already there whole is answered with
 //! `Connection: close` from the accept loop itself ([`answer_at_once`]), and any other closed
 //! unanswered.
 //!
@@ -123,7 +123,7 @@ impl ConnMetrics {
             )?,
             limit_dropped: IntCounter::new(
                 "http_connection_limit_dropped_total",
-                "Connections closed unanswered because every connection slot and every busy connection (four times --max-connections) was taken",
+                "Connections closed unanswered because every connection slot and every busy connection (four times --max-connections, at least 16,384) was taken",
             )?,
         };
         registry.register(Box::new(m.open.clone()))?;
