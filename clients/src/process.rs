@@ -25,7 +25,9 @@ pub struct RuntimeArgs {
     /// What connections and their requests hold (buffers, in-flight redirects) is bounded by
     /// this instead of by the load: an open-loop overload of 30,000 requests a second took
     /// primary from 18 to 312 MiB without it, to 96 MiB with 4,096. The nginx tiers in front
-    /// keep far fewer open (keepalive 64 per upstream and worker).
+    /// keep far fewer open (keepalive 64 per upstream and worker). Past it, up to four times
+    /// as many more (at least 16,384) are kept open only to be refused cheaply, about 4.5 KiB
+    /// each with the kernel's share.
     #[arg(long, env = "ZLINK_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
     /// After a shutdown signal new connections are refused at once, and the open ones are

@@ -20,9 +20,9 @@
 //! shutdown, it is closed.
 //! Anything else gets the answer with `Connection: close`. At most four times `max` (at least
 //! 16,384, [`busy_max`]) busy connections are open at once (each its socket, about 3 KiB of
-//! the kernel's, and about 1.4 KiB of task); past that a new connection whose request is already there whole is answered with
-//! `Connection: close` from the accept loop itself ([`answer_at_once`]), and any other closed
-//! unanswered.
+//! the kernel's, and about 1.4 KiB of task); past that a new connection whose request is
+//! already there whole is answered with `Connection: close` from the accept loop itself
+//! ([`answer_at_once`]), and any other closed unanswered.
 //!
 //! Why the drain: closing an idle keep-alive connection races with the client sending its next
 //! request on it, and a proxy cannot retry a POST that met a reset (it may have been applied).
