@@ -83,10 +83,12 @@ zl_start_blackbox() {
 }
 zl_ready_blackbox() { curl -sf -m 2 "http://127.0.0.1:$(zl_port blackbox)/-/healthy" >/dev/null; }
 ZL_TIMEOUT_blackbox=10
-# The host's filesystems only (free and total bytes per mount): every disk a component writes
-# to (store and broker data, S3 volumes, the nginx click log, the spools) is one of them.
+# The host's filesystems (free and total bytes per mount): every disk a component writes to
+# (store and broker data, S3 volumes, the nginx click log, the spools) is one of them; and the
+# kernel's count of connects dropped at a full listen queue (ZlinkListenQueueOverflow).
 zl_start_node_exporter() {
   zl_spawn node-exporter prometheus-node-exporter --collector.disable-defaults --collector.filesystem \
+    --collector.netstat --collector.netstat.fields='^TcpExt_(ListenOverflows|ListenDrops)$' \
     --web.listen-address="127.0.0.1:$(zl_port node-exporter)"
 }
 zl_ready_node_exporter() { curl -sf -m 2 "http://127.0.0.1:$(zl_port node-exporter)/metrics" >/dev/null; }
