@@ -260,10 +260,10 @@ impl ClickStore {
     /// count).
     async fn sums_day(&self, slug: &str, day: i32) -> Result<DayCounts, StoreError> {
         let session = self.db.session();
-        let bucket = bucket_of(slug);
+        let (bucket, group) = bucket_and_group(slug);
         let (sums, groups) = tokio::join!(
             session.execute_unpaged(&self.read_sums_day, (day, bucket, slug)),
-            session.execute_unpaged(&self.read_groups_day, (day, bucket, group_of(slug))),
+            session.execute_unpaged(&self.read_groups_day, (day, bucket, group)),
         );
         let mut out = DayCounts::default();
         for (blob,) in store::all::<(Option<Vec<u8>>,)>(sums.map_err(store::unavailable)?)? {

@@ -70,9 +70,14 @@ pub fn bucket_of(slug: &str) -> i32 {
     (fnv1a(slug) % BUCKETS as u32) as i32
 }
 
-/// The group of a link's counts within its bucket: the hash's next bits, mod [`GROUPS`].
-pub fn group_of(slug: &str) -> i32 {
-    ((fnv1a(slug) / BUCKETS as u32) % GROUPS as u32) as i32
+/// A link's bucket ([`bucket_of`]) and the group of its counts within that bucket: the hash's
+/// next bits, mod [`GROUPS`]. One hash for both.
+pub fn bucket_and_group(slug: &str) -> (i32, i32) {
+    let h = fnv1a(slug);
+    (
+        (h % BUCKETS as u32) as i32,
+        ((h / BUCKETS as u32) % GROUPS as u32) as i32,
+    )
 }
 
 /// A `click_groups.n` blob: per member, its slug (u16 big-endian length, UTF-8) and its counts

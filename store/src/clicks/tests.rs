@@ -431,15 +431,19 @@ proptest::proptest! {
 fn groups_are_stable_in_range_and_independent_of_the_bucket() {
     // The bits above the bucket's: FNV-1a 32 of "a" is 0xe40c292c.
     assert_eq!(
-        group_of("a"),
-        ((0xe40c_292cu32 / BUCKETS as u32) % GROUPS as u32) as i32
+        bucket_and_group("a"),
+        (
+            bucket_of("a"),
+            ((0xe40c_292cu32 / BUCKETS as u32) % GROUPS as u32) as i32
+        )
     );
     let mut seen = std::collections::BTreeSet::new();
     for i in 0..4096 {
         let s = format!("link-{i}");
-        let g = group_of(&s);
+        let (b, g) = bucket_and_group(&s);
+        assert_eq!(b, bucket_of(&s));
         assert!((0..GROUPS).contains(&g));
-        seen.insert((bucket_of(&s), g));
+        seen.insert((b, g));
     }
     // 4,096 links over the 1,024 (bucket, group) pairs: nearly every pair used.
     assert!(seen.len() > 950, "{}", seen.len());

@@ -376,14 +376,15 @@ impl SourceCounter {
     ) -> Result<(), StoreError> {
         type Row = (i64, i64, Vec<u8>, i32, i32, String, String);
         type GroupRow = (i64, i64, Vec<u8>, i32, i32, i32, String);
+        // A member of a group row: its slug and counts blob.
+        type Member<'a> = (&'a str, Vec<u8>);
         let sums_until = self.store.sums_until;
         let mut parts: BTreeMap<(i32, i32), Vec<Row>> = BTreeMap::new();
-        let mut touched: BTreeMap<Group, i64> = BTreeMap::new();
+        let mut touched: BTreeSet<Group> = BTreeSet::new();
         for (key, upto) in writes.iter() {
             let (slug, day) = key;
             if *day > sums_until {
-                let t = touched.entry(group_key(slug, *day)).or_insert(-1);
-                *t = (*t).max(*upto);
+                touched.insert(group_key(slug, *day));
                 continue;
             }
             let bucket = bucket_of(slug);
@@ -404,27 +405,26 @@ impl SourceCounter {
                 self.src.clone(),
             ));
         }
-        // Every member of every touched group, and the newest offset any of them includes.
-        let mut members: BTreeMap<Group, Vec<(&str, Vec<u8>)>> = BTreeMap::new();
+        // Every member of every touched group, and the newest offset any of them includes. The
+        // written (link, day)s are among them, at the offset they were written for: memory
+        // holds what is pending until the flush (a reset drops both, eviction follows it).
+        let mut members: BTreeMap<Group, (i64, Vec<Member>)> = BTreeMap::new();
         if !touched.is_empty() {
             for ((slug, day), ks) in &self.state.keys {
                 let g = group_key(slug, *day);
-                if let Some(upto) = touched.get_mut(&g) {
+                if touched.contains(&g) {
+                    let (upto, m) = members.entry(g).or_insert((-1, Vec::new()));
                     *upto = (*upto).max(ks.upto());
-                    members
-                        .entry(g)
-                        .or_default()
-                        .push((slug, ks.counts.encode()));
+                    m.push((slug, ks.counts.encode()));
                 }
             }
         }
         let mut groups: BTreeMap<(i32, i32), Vec<GroupRow>> = BTreeMap::new();
-        for (g, upto) in &touched {
-            let mut m = members.remove(g).unwrap_or_default();
+        for (g, (upto, mut m)) in members {
             m.sort_unstable_by(|a, b| a.0.cmp(b.0));
             groups.entry((g.0, g.1)).or_default().push((
                 upto + 1,
-                *upto,
+                upto,
                 encode_group(m),
                 g.0,
                 g.1,
@@ -432,7 +432,8 @@ impl SourceCounter {
                 self.src.clone(),
             ));
         }
-        let total = parts.values().map(Vec::len).sum::<usize>() + touched.len();
+        let total = parts.values().map(Vec::len).sum::<usize>()
+            + groups.values().map(Vec::len).sum::<usize>();
         let failpoint = failpoint.filter(|n| *n < total);
         if let Some(n) = failpoint {
             truncate_rows(&mut parts, n);

@@ -4,7 +4,7 @@
 //! state this needs and writes the plan.
 
 use super::Limits;
-use crate::clicks::{bucket_of, day_of, group_of, Click, Counted, DayCounts, Tally};
+use crate::clicks::{bucket_and_group, day_of, Click, Counted, DayCounts, Tally};
 use std::borrow::Borrow;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -88,7 +88,8 @@ pub(super) type Group = (i32, i32, i32);
 
 /// The group of a (link, day).
 pub(super) fn group_key(slug: &str, day: i32) -> Group {
-    (day, bucket_of(slug), group_of(slug))
+    let (bucket, group) = bucket_and_group(slug);
+    (day, bucket, group)
 }
 
 /// A group whose row was read: every member the row has is in `keys`, and a link of the group
